@@ -1,0 +1,38 @@
+# Goodput: the two commands that work on a fresh machine are `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install test test-unit lint typecheck bench clean
+
+install: $(VENV)/.stamp-install
+
+# Re-runs only when the project's dependencies change; idempotent and quick once done.
+$(VENV)/.stamp-install: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+# All tiers (unit, integration, e2e); the ones needing vLLM or a browser skip themselves
+# only when their extra is not installed, and say so.
+test: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q
+
+test-unit: install
+	$(BIN)/pytest -q -m "not integration and not e2e and not vllm and not browser"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check exporters controlplane
+	$(BIN)/mypy
+
+typecheck: install
+	$(BIN)/mypy
+
+bench: install
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache var
