@@ -1,0 +1,100 @@
+"""The declarative base (with a constraint naming convention, so migrations are stable on
+PostgreSQL and SQLite alike) and the engine/session factories."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import MetaData, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.types import CHAR, DateTime, TypeDecorator
+
+__all__ = [
+    "NAMING_CONVENTION",
+    "Base",
+    "UTCDateTime",
+    "async_url",
+    "create_engine_for",
+    "session_factory",
+    "utcnow",
+]
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: Goodput stores UTC-aware datetimes")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class UUIDString(TypeDecorator[uuid.UUID]):
+    """UUIDs stored as 36-character strings: identical on PostgreSQL and SQLite."""
+
+    impl = CHAR(36)
+    cache_ok = True
+
+    def process_bind_param(self, value: uuid.UUID | str | None, dialect: object) -> str | None:
+        return None if value is None else str(uuid.UUID(str(value)))
+
+    def process_result_value(self, value: str | None, dialect: object) -> uuid.UUID | None:
+        return None if value is None else uuid.UUID(value)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def async_url(url: str) -> str:
+    """The async-driver form of a database URL (psycopg 3 serves both; aiosqlite for SQLite)."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    if url.startswith("sqlite://") and not url.startswith("sqlite+aiosqlite://"):
+        return "sqlite+aiosqlite://" + url.removeprefix("sqlite://")
+    return url
+
+
+def _sqlite_pragmas(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: object, _record: object) -> None:
+        cursor = dbapi_conn.cursor()  # type: ignore[attr-defined]
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+
+def create_engine_for(url: str, *, echo: bool = False) -> AsyncEngine:
+    engine = create_async_engine(async_url(url), echo=echo, pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        _sqlite_pragmas(engine.sync_engine)
+    return engine
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
