@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 from sqlalchemy import MetaData, event
-from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import CHAR, DateTime, TypeDecorator
 
@@ -16,9 +22,12 @@ __all__ = [
     "NAMING_CONVENTION",
     "Base",
     "UTCDateTime",
+    "UUIDString",
     "async_url",
     "create_engine_for",
+    "ensure_sqlite_folder",
     "session_factory",
+    "sync_url",
     "utcnow",
 ]
 
@@ -80,6 +89,22 @@ def async_url(url: str) -> str:
     return url
 
 
+def sync_url(url: str) -> str:
+    """The blocking-driver form of a database URL (for Alembic and one-shot CLI work)."""
+    if url.startswith("sqlite+aiosqlite://"):
+        return "sqlite://" + url.removeprefix("sqlite+aiosqlite://")
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def ensure_sqlite_folder(url: str) -> None:
+    """Create the folder of a SQLite database file (the embedded default lives in ``./var``)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: object, _record: object) -> None:
@@ -90,6 +115,7 @@ def _sqlite_pragmas(engine: Engine) -> None:
 
 
 def create_engine_for(url: str, *, echo: bool = False) -> AsyncEngine:
+    ensure_sqlite_folder(url)
     engine = create_async_engine(async_url(url), echo=echo, pool_pre_ping=True)
     if engine.dialect.name == "sqlite":
         _sqlite_pragmas(engine.sync_engine)

@@ -1,0 +1,1 @@
+"""The HTTP API: ``auth`` (keys and roles), ``deps`` (dependency aliases), ``routes``."""

@@ -1,0 +1,161 @@
+"""Bearer API-key authentication and role checks: one dependency factory, ``require(role)``.
+
+Every route declares the role it needs by depending on ``require(...)`` (directly or through
+the aliases in ``controlplane.api.deps``). ``route_requirements(route)`` reads that declaration
+back, so the app refuses to start with an unguarded route and a test can check every route
+against every role, including routes other modules add later.
+
+Who satisfies what (``grants``): ``admin`` satisfies every role; ``operator`` satisfies
+``viewer``; ``viewer``, ``ingest`` and ``agent`` satisfy only themselves.
+
+Example::
+
+    @router.post("/slos", status_code=201)
+    async def create_slo(principal: Operator, session: SessionDep, body: SLOCreate) -> SLOPublic:
+        ...
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from controlplane.db import utcnow
+from controlplane.errors import ForbiddenError, UnauthenticatedError
+from controlplane.models import Role
+from controlplane.services import keys as key_service
+from controlplane.settings import Settings
+
+__all__ = [
+    "ANONYMOUS",
+    "OpenSetting",
+    "Principal",
+    "RoleRequirement",
+    "assert_routes_guarded",
+    "grants",
+    "require",
+    "route_requirements",
+]
+
+OpenSetting = Literal["open_health", "open_metrics"]
+
+# Which held roles satisfy a needed role (admin satisfies everything).
+_SATISFIED_BY: dict[Role, frozenset[Role]] = {
+    Role.VIEWER: frozenset({Role.VIEWER, Role.OPERATOR, Role.ADMIN}),
+    Role.OPERATOR: frozenset({Role.OPERATOR, Role.ADMIN}),
+    Role.ADMIN: frozenset({Role.ADMIN}),
+    Role.INGEST: frozenset({Role.INGEST, Role.ADMIN}),
+    Role.AGENT: frozenset({Role.AGENT, Role.ADMIN}),
+}
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer gp_...`")
+
+
+def grants(held: Role, needed: Role) -> bool:
+    """Whether a key with role ``held`` may call a route that needs ``needed``."""
+    return held in _SATISFIED_BY[needed]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: an API key (``key_id`` set), the CLI, or nobody on an open route.
+
+    ``tenant`` is the key's tenant scope (``None``: all tenants). ``actor`` is the string the
+    audit log records.
+    """
+
+    key_id: uuid.UUID | None
+    name: str
+    role: Role | None
+    tenant: str | None = None
+
+    @property
+    def actor(self) -> str:
+        return f"key:{self.key_id}:{self.name}" if self.key_id is not None else self.name
+
+
+ANONYMOUS = Principal(key_id=None, name="anonymous", role=None)
+CLI = Principal(key_id=None, name="cli", role=Role.ADMIN)
+
+
+class RoleRequirement:
+    """A FastAPI dependency that admits a caller whose key grants ``role``.
+
+    With ``open_setting`` (``"open_health"`` / ``"open_metrics"``) the route is open when that
+    setting is true, and needs ``role`` otherwise.
+    """
+
+    def __init__(self, role: Role, open_setting: OpenSetting | None = None) -> None:
+        self.role = role
+        self.open_setting = open_setting
+
+    def __repr__(self) -> str:
+        return f"require({self.role.value!r}, open_setting={self.open_setting!r})"
+
+    def is_open(self, settings: Settings) -> bool:
+        return self.open_setting is not None and bool(getattr(settings, self.open_setting))
+
+    async def __call__(
+        self,
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> Principal:
+        settings: Settings = request.app.state.settings
+        if self.is_open(settings):
+            return ANONYMOUS
+        if credentials is None or not credentials.credentials:
+            raise UnauthenticatedError("missing API key: send 'Authorization: Bearer <key>'")
+        async with request.app.state.sessions() as session:
+            key = await key_service.authenticate(
+                session,
+                credentials.credentials,
+                now=utcnow(),
+                touch_after_s=settings.key_last_used_resolution_s,
+            )
+        if key is None:
+            raise UnauthenticatedError("invalid API key: unknown or revoked")
+        if not grants(key.role, self.role):
+            allowed = sorted(r.value for r in _SATISFIED_BY[self.role])
+            raise ForbiddenError(
+                f"this route needs role {self.role.value!r} (allowed: {', '.join(allowed)}); "
+                f"key {key.name!r} has role {key.role.value!r}"
+            )
+        return Principal(key_id=key.id, name=key.name, role=key.role, tenant=key.tenant)
+
+
+def require(role: Role, *, open_setting: OpenSetting | None = None) -> RoleRequirement:
+    """The dependency for a route that needs ``role`` (see :class:`RoleRequirement`)."""
+    return RoleRequirement(role, open_setting)
+
+
+def _walk(dependant: Dependant) -> Iterator[RoleRequirement]:
+    for sub in dependant.dependencies:
+        if isinstance(sub.call, RoleRequirement):
+            yield sub.call
+        yield from _walk(sub)
+
+
+def route_requirements(route: APIRoute) -> list[RoleRequirement]:
+    """The role requirements a route declares (empty: the route is unguarded)."""
+    return list(_walk(route.dependant))
+
+
+def assert_routes_guarded(app: FastAPI) -> None:
+    """Raise if any API route declares no role: a forgotten guard fails at startup, not in prod."""
+    unguarded = [
+        f"{sorted(route.methods)} {route.path}"
+        for route in app.routes
+        if isinstance(route, APIRoute) and not route_requirements(route)
+    ]
+    if unguarded:
+        raise RuntimeError(
+            f"routes without a role requirement: {unguarded}; "
+            "add a dependency on controlplane.api.auth.require(Role...)"
+        )

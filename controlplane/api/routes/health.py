@@ -1,0 +1,75 @@
+"""Liveness (``/health``: the process answers) and readiness (``/ready``: the database
+answers and its schema is the one this code expects). Both are open unless
+``GOODPUT_OPEN_HEALTH=false``, in which case they need a viewer key."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from controlplane.api.auth import Principal, require
+from controlplane.errors import UnavailableError
+from controlplane.models import SCHEMA_REVISION, Role
+from controlplane.schemas.common import ErrorPublic, responses
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["health"])
+HealthGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="open_health"))]
+
+
+class HealthPublic(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyPublic(BaseModel):
+    status: Literal["ready"]
+    database: str
+    schema_revision: str
+
+
+@router.get("/health", responses=responses(401, 403))
+async def health(_: HealthGuard) -> HealthPublic:
+    return HealthPublic(status="ok")
+
+
+async def _schema_revision(request: Request) -> str | None:
+    async with request.app.state.engine.connect() as conn:
+        try:
+            revision = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+            return None if revision is None else str(revision)
+        except sa.exc.DBAPIError as exc:
+            # Reachable but not migrated (no alembic_version table) vs. unreachable.
+            if isinstance(exc, sa.exc.OperationalError) and "alembic_version" not in str(exc):
+                raise
+            return None
+
+
+@router.get(
+    "/ready",
+    responses={**responses(401, 403), 503: {"model": ErrorPublic, "description": "Not ready"}},
+)
+async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
+    settings = request.app.state.settings
+    dialect = request.app.state.engine.dialect.name
+    try:
+        revision = await asyncio.wait_for(_schema_revision(request), settings.ready_timeout_s)
+    except TimeoutError:
+        raise UnavailableError(
+            f"not ready: database did not answer within {settings.ready_timeout_s} s"
+        ) from None
+    except sa.exc.DBAPIError as exc:
+        raise UnavailableError(
+            f"not ready: database unreachable ({type(exc.orig).__name__}: "
+            f"{' '.join(str(exc.orig).split())[:200]})"
+        ) from None
+    if revision != SCHEMA_REVISION:
+        raise UnavailableError(
+            f"not ready: database schema is at revision {revision!r}, this control plane "
+            f"needs {SCHEMA_REVISION!r}; run `goodput db upgrade`"
+        )
+    return ReadyPublic(status="ready", database=dialect, schema_revision=revision)

@@ -1,0 +1,41 @@
+"""The registry's tables (SQLAlchemy 2.0 typed models). ORM classes are never wire types:
+``controlplane.schemas`` holds those.
+
+``SCHEMA_REVISION`` is the Alembic revision these models describe; ``/ready`` reports not ready
+while the database is at another one, and a test checks it is the migrations' head.
+"""
+
+from controlplane.db import Base
+from controlplane.models.api_key import APIKey
+from controlplane.models.audit import AuditLog
+from controlplane.models.enums import (
+    CommandState,
+    FleetKind,
+    FleetRole,
+    FleetState,
+    Role,
+    SLOVantage,
+)
+from controlplane.models.fleet import Command, FleetMember
+from controlplane.models.rollup import GoodputRollup
+from controlplane.models.slo import SLO, SLOVersion
+
+__all__ = [
+    "SCHEMA_REVISION",
+    "SLO",
+    "APIKey",
+    "AuditLog",
+    "Base",
+    "Command",
+    "CommandState",
+    "FleetKind",
+    "FleetMember",
+    "FleetRole",
+    "FleetState",
+    "GoodputRollup",
+    "Role",
+    "SLOVantage",
+    "SLOVersion",
+]
+
+SCHEMA_REVISION = "0001_initial"

@@ -1,0 +1,69 @@
+"""The control plane's one configuration object, read from ``GOODPUT_*`` environment variables.
+
+Nothing else in the control plane reads ``os.environ``: components receive the
+:class:`Settings` instance (``create_app(settings)``, ``request.app.state.settings``).
+
+Example::
+
+    settings = Settings(database_url="postgresql+psycopg://goodput@db/goodput", port=8000)
+    app = create_app(settings)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_DATABASE_URL", "Settings"]
+
+DEFAULT_DATABASE_URL = "sqlite:///./var/goodput.db"
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+class Settings(BaseSettings):
+    """Control-plane settings; every field can be set as ``GOODPUT_<FIELD>`` (case-insensitive).
+
+    ``database_url`` is a SQLAlchemy URL: the embedded default is a SQLite file (its folder is
+    created on first use); production uses ``postgresql+psycopg://user@host/db``. Plain
+    ``sqlite://`` / ``postgresql://`` URLs are accepted and given their async driver.
+    ``open_health`` / ``open_metrics`` serve ``/health`` and ``/metrics`` without a key (for
+    load balancers and Prometheus); when false they need a viewer key.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="GOODPUT_", extra="ignore", frozen=True)
+
+    database_url: str = DEFAULT_DATABASE_URL
+    database_echo: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    open_metrics: bool = True
+    open_health: bool = True
+    rollup_interval_s: float = Field(default=60.0, gt=0)
+    fleet_heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    key_last_used_resolution_s: float = Field(default=60.0, ge=0)
+    ready_timeout_s: float = Field(default=2.0, gt=0)
+    max_import_bytes: int = Field(default=1_048_576, gt=0)
+    log_level: LogLevel = "INFO"
+    log_json: bool = False
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if not value.startswith(("sqlite", "postgresql")):
+            scheme = value.split(":", maxsplit=1)[0]
+            raise ValueError(
+                f"database_url must be a sqlite:// or postgresql:// URL, got {scheme!r}"
+            )
+        return value
+
+    @property
+    def log_level_number(self) -> int:
+        return logging.getLevelNamesMapping()[self.log_level]
