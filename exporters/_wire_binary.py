@@ -58,14 +58,16 @@ def unpack(data: bytes, field: str) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except msgpack.ExtraData as exc:
         raise WireError(
-            field, f"{len(exc.extra)} bytes of trailing data after the message"
+            field, f"unexpected trailing data after the message ({len(exc.extra)} bytes)"
         ) from None
     except msgpack.FormatError:
         raise WireError(field, "not a msgpack message (reserved format byte)") from None
     except msgpack.StackError:
         raise WireError(field, "not a batch (nested too deeply)") from None
     except (ValueError, TypeError) as exc:
-        if "incomplete input" in str(exc):
+        # msgpack caps container and bin lengths at the input size: a larger declared length
+        # is a message that ends before its content does.
+        if "incomplete input" in str(exc) or "exceeds max_" in str(exc):
             raise WireError(field, "truncated (the message ends early)") from None
         raise WireError(field, f"not a valid msgpack message ({exc})") from None
 
