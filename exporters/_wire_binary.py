@@ -188,7 +188,7 @@ def _offsets(body: dict[str, Any], starts: I64, counts: I64, m: int) -> I64:
 
 def unpack_body(body_bytes: bytes) -> tuple[BatchHeader, RecordBatch]:
     """Parse and shape-check a body; the caller runs :func:`check_batch` on the result."""
-    body = require_map(unpack(body_bytes, "body"), "body", BODY_FIELDS)
+    body = require_map(unpack(body_bytes, "body"), "body", BODY_FIELDS, top_level=True)
     header = BatchHeader(body["exporter_id"], body["seq"], body["sent_time_ns"])
     n, m = _count(body, "num_records"), _count(body, "num_emissions")
     request_ids = _strings(body["request_ids"], "request_ids", n)

@@ -147,7 +147,7 @@ def from_json(obj: Any, max_records: int) -> tuple[BatchHeader, RecordBatch]:
     if "v" not in obj:
         raise WireError("v", "missing")
     check_version(obj["v"])
-    obj = require_map(obj, "batch", JSON_FIELDS)
+    obj = require_map(obj, "batch", JSON_FIELDS, top_level=True)
     header = BatchHeader(obj["exporter_id"], obj["seq"], obj["sent_time_ns"], obj["v"])
     request_ids = _list(obj["request_ids"], "request_ids", None, str, "strings")
     n = len(request_ids)

@@ -92,12 +92,15 @@ def check_version(version: object) -> int:
     return version
 
 
-def require_map(obj: Any, field: str, keys: tuple[str, ...]) -> dict[str, Any]:
+def require_map(
+    obj: Any, field: str, keys: tuple[str, ...], *, top_level: bool = False
+) -> dict[str, Any]:
     """``obj`` as a map holding exactly ``keys`` (a newer writer's extra field is an error:
-    fields are added by bumping the wire version, never silently ignored)."""
+    fields are added by bumping the wire version, never silently ignored). A missing key is
+    reported as ``field.key``, or as ``key`` for a ``top_level`` message."""
     if not isinstance(obj, dict):
         raise WireError(field, f"expected a map, got {type(obj).__name__}")
-    prefix = "" if field in ("batch", "body") else f"{field}."
+    prefix = "" if top_level else f"{field}."
     for key in keys:
         if key not in obj:
             raise WireError(f"{prefix}{key}", "missing")

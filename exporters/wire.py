@@ -109,7 +109,7 @@ def decode_batch(
     if "v" not in envelope:
         raise WireError("v", "missing")
     check_version(envelope["v"])
-    envelope = require_map(envelope, "batch", ENVELOPE_FIELDS)
+    envelope = require_map(envelope, "batch", ENVELOPE_FIELDS, top_level=True)
     body, crc = envelope["body"], envelope["crc32"]
     if not isinstance(body, bytes):
         raise WireError("body", f"expected raw bytes, got {type(body).__name__}")
