@@ -30,6 +30,7 @@ __all__ = [
     "PayloadTooLargeError",
     "UnauthenticatedError",
     "UnavailableError",
+    "UnsupportedMediaTypeError",
     "format_validation_errors",
     "install_error_handlers",
 ]
@@ -62,6 +63,10 @@ class ConflictError(GoodputError):
 
 class PayloadTooLargeError(GoodputError):
     status_code = 413
+
+
+class UnsupportedMediaTypeError(GoodputError):
+    status_code = 415
 
 
 class UnavailableError(GoodputError):

@@ -30,7 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, FastAPI
 
 from controlplane.api.auth import assert_routes_guarded
-from controlplane.api.routes import health
+from controlplane.api.routes import audit, fleet, health, keys, slos
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.schemas.common import ERROR_RESPONSES
@@ -81,6 +81,10 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     install_error_handlers(app)
     app.include_router(health.router)
     api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
+    api.include_router(slos.router)
+    api.include_router(keys.router)
+    api.include_router(audit.router)
+    api.include_router(fleet.router)
     app.include_router(api)
     return app
 

@@ -1,0 +1,45 @@
+"""API-key wire models. The key itself appears once, in ``APIKeyCreated``."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from controlplane.models.enums import Role
+from controlplane.schemas.common import Label, Name, WireModel
+
+__all__ = ["APIKeyCreate", "APIKeyCreated", "APIKeyPublic", "APIKeysPublic"]
+
+
+class APIKeyCreate(WireModel):
+    """``tenant`` scopes a viewer, operator or ingest key to one tenant."""
+
+    name: Name
+    role: Role
+    tenant: Label | None = None
+
+
+class APIKeyPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    name: str
+    prefix: str
+    role: Role
+    tenant: str | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class APIKeyCreated(APIKeyPublic):
+    """The new key's record and the key itself: store it now, it is never shown again."""
+
+    key: str
+
+
+class APIKeysPublic(BaseModel):
+    data: list[APIKeyPublic]
+    count: int
