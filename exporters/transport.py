@@ -163,17 +163,20 @@ class ControlPlaneExporter:
             return True
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        end = time.monotonic() + timeout_s
+        # Keep a little of the time for the worker to stop and count what is left.
+        flush_end = end - min(0.05, 0.1 * timeout_s)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._deadline = time.monotonic() + timeout_s
-        self.force_flush(timeout_s)
+            self._deadline = flush_end  # caps the timeout of the requests still to come
+        self.force_flush(max(0.0, flush_end - time.monotonic()))
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         # The worker counts what is left as dropped and closes the client as it exits.
-        self._worker.join(max(0.0, self._deadline - time.monotonic()))
+        self._worker.join(max(0.0, end - time.monotonic()))
 
     def stats(self) -> ControlPlaneExporterStats:
         with self._lock:

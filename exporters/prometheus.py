@@ -1,0 +1,302 @@
+"""Request latency histograms and counters for Prometheus, computed at scrape time.
+
+:class:`PrometheusExporter` is a :class:`~exporters.sinks.RecordSink` and a
+``prometheus_client`` collector registered on the registry it is given (never the global
+one). ``export`` appends the record to a list; at scrape time (or every ``fold_every``
+records, so memory stays bounded between scrapes) the list is folded into cumulative
+bucket arrays with numpy — one :func:`~exporters.latency.request_latencies` call per fold,
+one ``bincount`` per histogram — so there is no Python work per token.
+
+Metrics (labels ``model``, ``vantage`` and, with ``slo_label=True``, the ``slo`` hint):
+
+* ``goodput_request_ttft_seconds``, ``goodput_request_tpot_seconds``,
+  ``goodput_request_e2el_seconds``: histograms, one observation per successful request
+  where the metric is defined (docs/metrics.md);
+* ``goodput_request_itl_seconds``: one observation per ITL gap of a successful request
+  (a streamed chunk of k tokens yields one gap, as ``vllm bench serve`` counts it);
+* ``goodput_requests_total{status}``: finished requests by status (``ok``, ``error``,
+  ``aborted``, ``rejected``);
+* ``goodput_output_tokens_total``, ``goodput_prompt_tokens_total``: tokens of finished
+  requests, whatever their status.
+
+Partial records (``final=False``) are not counted: a request is counted once, when it ends.
+Buckets come from :mod:`exporters.buckets`, so SLO thresholds sit on boundaries::
+
+    # share of successful requests with TTFT <= 200 ms over 5 minutes
+    sum(rate(goodput_request_ttft_seconds_bucket{le="0.2"}[5m]))
+      / sum(rate(goodput_request_ttft_seconds_count[5m]))
+
+Example::
+
+    registry = CollectorRegistry()
+    exporter = PrometheusExporter(registry)
+    recorder = RequestRecorder(Vantage.GATEWAY, exporter)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from exporters.buckets import LATENCY_BUCKETS_S, bucket_counts, validate_buckets
+from exporters.latency import itl_gaps_s, request_latencies
+from exporters.records import RecordBatch, RecordError, RequestRecord, Status, Vantage
+
+__all__ = ["OVERFLOW_LABEL", "PrometheusExporter"]
+
+logger = logging.getLogger(__name__)
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+# The ``le`` text prometheus_client itself writes (typed here: the library's is not).
+_go_float: Callable[[float], str] = floatToGoString
+#: The ``model`` label value given to label sets beyond ``max_label_sets``.
+OVERFLOW_LABEL = "__overflow__"
+_HISTOGRAMS: tuple[tuple[str, str], ...] = (
+    ("goodput_request_ttft_seconds", "Time to first token of successful requests."),
+    ("goodput_request_tpot_seconds", "Mean time per output token after the first."),
+    ("goodput_request_e2el_seconds", "End-to-end latency of successful requests."),
+    ("goodput_request_itl_seconds", "Inter-token latency: one observation per gap."),
+)
+_STATUSES: tuple[Status, ...] = (Status.OK, Status.ERROR, Status.ABORTED, Status.REJECTED)
+
+
+class PrometheusExporter(Collector):
+    """Latency histograms and request/token counters of the records it receives.
+
+    ``max_label_sets`` bounds the label sets (a client-chosen model name must not grow the
+    series without bound): further sets are counted under ``model="__overflow__"``.
+    ``export`` never raises; a record that breaks the contract is left out, logged once and
+    counted in :attr:`num_invalid_records`.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        buckets: Sequence[float] = LATENCY_BUCKETS_S,
+        slo_label: bool = False,
+        max_label_sets: int = 1000,
+        fold_every: int = 1024,
+    ) -> None:
+        if max_label_sets < 1:
+            raise ValueError(f"max_label_sets must be >= 1, got {max_label_sets}")
+        if fold_every < 1:
+            raise ValueError(f"fold_every must be >= 1, got {fold_every}")
+        self.buckets = validate_buckets(list(buckets))
+        self._bounds: F64 = np.asarray(self.buckets, dtype=np.float64)
+        self._le = [*(_go_float(b) for b in self.buckets), "+Inf"]
+        self.slo_label = slo_label
+        self.label_names = ("model", "vantage", "slo") if slo_label else ("model", "vantage")
+        self.max_label_sets = max_label_sets
+        self.fold_every = fold_every
+        self.num_invalid_records = 0
+        self.num_overflow_records = 0
+
+        self._lock = threading.Lock()  # guards _pending (held for an append)
+        self._fold_lock = threading.Lock()  # guards everything below
+        self._pending: list[RequestRecord] = []
+        self._closed = False
+        self._groups: dict[tuple[str, ...], int] = {}
+        width = len(self.buckets) + 1
+        self._counts = [np.zeros((0, width), dtype=np.int64) for _ in _HISTOGRAMS]
+        self._sums = [np.zeros(0, dtype=np.float64) for _ in _HISTOGRAMS]
+        self._requests = np.zeros((0, len(_STATUSES)), dtype=np.int64)
+        self._output_tokens = np.zeros(0, dtype=np.int64)
+        self._prompt_tokens = np.zeros(0, dtype=np.int64)
+        self._logged_invalid = False
+        registry.register(self)
+
+    # -- RecordSink --
+
+    def export(self, record: RequestRecord) -> None:
+        if not record.final:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._pending.append(record)
+            due = len(self._pending) >= self.fold_every
+        if due:
+            self._fold_safely()
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        self._fold_safely()
+        return True
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Fold what is pending and stop accepting records; the metrics stay scrapeable."""
+        with self._lock:
+            self._closed = True
+        self._fold_safely()
+
+    # -- Collector --
+
+    def describe(self) -> Iterator[Metric]:
+        for name, doc in _HISTOGRAMS:
+            yield HistogramMetricFamily(name, doc, labels=self.label_names)
+        yield from self._counter_families()
+
+    def collect(self) -> Iterator[Metric]:
+        self._fold_safely()
+        with self._fold_lock:  # build under the lock, yield after it
+            families = self._families()
+        yield from families
+
+    def _families(self) -> list[Metric]:
+        keys = list(self._groups)
+        families: list[Metric] = []
+        for (name, doc), counts, sums in zip(_HISTOGRAMS, self._counts, self._sums, strict=True):
+            histogram = HistogramMetricFamily(name, doc, labels=self.label_names)
+            cumulative = np.cumsum(counts, axis=1).tolist()
+            for g, key in enumerate(keys):
+                histogram.add_metric(
+                    list(key),
+                    buckets=list(zip(self._le, cumulative[g], strict=True)),
+                    sum_value=float(sums[g]),
+                )
+            families.append(histogram)
+        requests, output, prompt = self._counter_families()
+        rows = self._requests.tolist()
+        for g, key in enumerate(keys):
+            for s, status in enumerate(_STATUSES):
+                requests.add_metric([*key, status.name.lower()], rows[g][s])
+            output.add_metric(list(key), int(self._output_tokens[g]))
+            prompt.add_metric(list(key), int(self._prompt_tokens[g]))
+        return [*families, requests, output, prompt]
+
+    def _counter_families(self) -> tuple[CounterMetricFamily, ...]:
+        labels = self.label_names
+        return (
+            CounterMetricFamily(
+                "goodput_requests", "Finished requests by status.", labels=(*labels, "status")
+            ),
+            CounterMetricFamily(
+                "goodput_output_tokens", "Output tokens of finished requests.", labels=labels
+            ),
+            CounterMetricFamily(
+                "goodput_prompt_tokens", "Prompt tokens of finished requests.", labels=labels
+            ),
+        )
+
+    # -- folding --
+
+    def _fold_safely(self) -> None:
+        try:
+            self._fold()
+        except Exception:  # telemetry must not break serving or a scrape
+            logger.exception("folding records into Prometheus histograms failed")
+
+    def _fold(self) -> None:
+        with self._fold_lock:
+            with self._lock:
+                records, self._pending = self._pending, []
+            if not records:
+                return
+            batch = self._valid_batch(records)
+            if len(batch):
+                self._add(batch)
+
+    def _valid_batch(self, records: list[RequestRecord]) -> RecordBatch:
+        batch = RecordBatch.from_records(records)
+        try:
+            batch.validate()
+            return batch
+        except RecordError:
+            pass
+        good = []
+        for record in records:  # rare: find the culprits one by one
+            try:
+                RecordBatch.from_records([record]).validate()
+            except (RecordError, ValueError) as exc:
+                self.num_invalid_records += 1
+                if not self._logged_invalid:
+                    self._logged_invalid = True
+                    logger.error(
+                        "record %r left out of Prometheus metrics (%s); further ones are "
+                        "counted only",
+                        record.request_id,
+                        exc,
+                    )
+            else:
+                good.append(record)
+        return RecordBatch.from_records(good)
+
+    def _add(self, batch: RecordBatch) -> None:
+        groups = self._group_rows(batch)
+        num_groups = len(self._groups)
+        self._grow(num_groups)
+        lat = request_latencies(batch, validate=False)
+        ok = batch.status == Status.OK
+        for h, values in enumerate((lat.ttft_s, lat.tpot_s, lat.e2el_s)):
+            rows = ok & ~np.isnan(values)
+            self._observe(h, values[rows], groups[rows], num_groups)
+        gaps_s, gap_rows = itl_gaps_s(batch, validate=False)
+        keep = ok[gap_rows]
+        self._observe(3, gaps_s[keep], groups[gap_rows[keep]], num_groups)
+
+        status_index = np.searchsorted(np.array(_STATUSES), batch.status)
+        final_status = np.isin(batch.status, np.array(_STATUSES))
+        flat = groups[final_status] * len(_STATUSES) + status_index[final_status]
+        self._requests += np.bincount(flat, minlength=self._requests.size).reshape(
+            self._requests.shape
+        )
+        self._output_tokens += _sum_by_group(lat.output_tokens, groups, num_groups)
+        self._prompt_tokens += _sum_by_group(batch.prompt_tokens, groups, num_groups)
+
+    def _observe(self, h: int, values: F64, groups: I64, num_groups: int) -> None:
+        if values.shape[0] == 0:
+            return
+        self._counts[h] += bucket_counts(values, groups, num_groups, self._bounds)
+        self._sums[h] += np.bincount(groups, weights=values, minlength=num_groups)
+
+    def _group_rows(self, batch: RecordBatch) -> I64:
+        """The label-set index of every row (per request: one dict lookup each)."""
+        models = batch.labels["model"].decode()
+        slos = batch.labels["slo"].decode() if self.slo_label else None
+        vantages = [Vantage(v).name.lower() for v in range(len(Vantage))]
+        out = np.empty(len(batch), dtype=np.int64)
+        for i, vantage in enumerate(batch.vantage.tolist()):
+            key: tuple[str, ...] = (models[i], vantages[vantage])
+            if slos is not None:
+                key = (*key, slos[i])
+            g = self._groups.get(key)
+            if g is None:
+                if len(self._groups) >= self.max_label_sets:
+                    # Vantage is bounded by the enum; everything else folds into one value.
+                    self.num_overflow_records += 1
+                    key = tuple(v if k == 1 else OVERFLOW_LABEL for k, v in enumerate(key))
+                g = self._groups.setdefault(key, len(self._groups))
+            out[i] = g
+        return out
+
+    def _grow(self, num_groups: int) -> None:
+        have = self._requests.shape[0]
+        if num_groups == have:
+            return
+        extra = num_groups - have
+        self._counts = [np.pad(c, ((0, extra), (0, 0))) for c in self._counts]
+        self._sums = [np.pad(s, (0, extra)) for s in self._sums]
+        self._requests = np.pad(self._requests, ((0, extra), (0, 0)))
+        self._output_tokens = np.pad(self._output_tokens, (0, extra))
+        self._prompt_tokens = np.pad(self._prompt_tokens, (0, extra))
+
+
+def _sum_by_group(values: npt.NDArray[np.integer], groups: I64, num_groups: int) -> I64:
+    # Integer sums stay exact (a float bincount would round past 2**53).
+    out = np.zeros(num_groups, dtype=np.int64)
+    np.add.at(out, groups, values.astype(np.int64, copy=False))
+    return out
