@@ -2,20 +2,45 @@
 
 The registry (database) is the one source of truth; the goodput engine receives immutable
 specs and never touches the database. Objectives reuse the metric core's types.
+
+Each objective has a *key* that names it in violation counts, rollups and Prometheus labels
+(:func:`objective_key`): the metric's name (``"ttft"``, ``"tpot"``, ``"e2el"``, ``"itl"``
+for the largest gap), and ``"itl_pNN"`` for a per-request ITL percentile (``"itl_p99"``,
+``"itl_p99.9"``). Keys are unique within an SLO.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporters.records import LABEL_KEYS, Vantage
+from exporters.slo import Metric, Objective
 
-__all__ = ["SLOSpec", "SpecError"]
+__all__ = ["SLOSpec", "SpecError", "objective_key"]
 
 
 class SpecError(ValueError):
     """An SLO spec that cannot be evaluated; the message names the field."""
+
+
+def objective_key(objective: Objective) -> str:
+    """The objective's stable name: ``"ttft"``, ``"tpot"``, ``"e2el"``, ``"itl"``, ``"itl_p99"``."""
+    if objective.metric is Metric.ITL and objective.statistic != "max":
+        return f"itl_{objective.statistic}"
+    return objective.metric.value
+
+
+def _vantage(value: object) -> Vantage:
+    """A :class:`Vantage` from itself, its int value or its name (``"gateway"``, ``"engine"``)."""
+    if isinstance(value, Vantage):
+        return value
+    if isinstance(value, str) and value.upper() in Vantage.__members__:
+        return Vantage[value.upper()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in set(Vantage):
+        return Vantage(value)
+    raise SpecError(f"vantage must be one of {[v.name.lower() for v in Vantage]}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +49,25 @@ class SLOSpec:
 
     ``selector`` maps label keys (a subset of ``LABEL_KEYS``) to the value a request must
     carry; an empty selector selects every request of the vantage. ``objectives`` are
-    ``exporters.slo.Objective`` values. ``target`` is the good ratio (0 < target < 1),
-    ``window_s`` the compliance window, ``availability_target`` the optional objective on
-    admitted / (admitted + rejected).
+    :class:`exporters.slo.Objective` values with distinct :func:`objective_key` keys (none
+    at all means every successful request is good). ``target`` is the good ratio
+    (0 < target < 1), ``window_s`` the compliance window, ``availability_target`` the
+    optional objective on admitted / (admitted + rejected). ``vantage`` may be given as a
+    :class:`~exporters.records.Vantage`, its value, or its name (``"gateway"``, ``"engine"``).
+
+    Example::
+
+        spec = SLOSpec(
+            id="chat", name="chat-premium", target=0.99, window_s=28 * 86400,
+            objectives=(Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 0.05, "p99")),
+            selector={"tenant": "acme"},
+        )
+        assert spec.objective_keys == ("ttft", "itl_p99")
     """
 
     id: str
     name: str
-    objectives: tuple[object, ...]  # tuple[exporters.slo.Objective, ...]
+    objectives: tuple[Objective, ...]
     target: float
     window_s: float
     selector: Mapping[str, str] = field(default_factory=dict)
@@ -40,14 +76,37 @@ class SLOSpec:
     version: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise SpecError(f"id must be a non-empty string, got {self.id!r}")
+        objectives = tuple(self.objectives)
+        for k, objective in enumerate(objectives):
+            if not isinstance(objective, Objective):
+                raise SpecError(f"objectives[{k}] must be an Objective, got {objective!r}")
+        object.__setattr__(self, "objectives", objectives)
+        keys = [objective_key(o) for o in objectives]
+        duplicate = next((key for k, key in enumerate(keys) if key in keys[:k]), None)
+        if duplicate is not None:
+            raise SpecError(
+                f"objectives: two objectives share the key {duplicate!r}; "
+                "allowed: one objective per metric and ITL statistic"
+            )
         unknown = sorted(set(self.selector) - set(LABEL_KEYS))
         if unknown:
             raise SpecError(f"selector: unknown label {unknown[0]!r}; allowed: {list(LABEL_KEYS)}")
+        object.__setattr__(self, "selector", dict(self.selector))
         if not 0.0 < self.target < 1.0:
             raise SpecError(f"target must be in (0, 1), got {self.target}")
-        if not self.window_s > 0:
-            raise SpecError(f"window_s must be > 0, got {self.window_s}")
+        if not (math.isfinite(self.window_s) and self.window_s >= 1.0):
+            raise SpecError(
+                f"window_s must be a finite number of seconds >= 1, got {self.window_s}"
+            )
         if self.availability_target is not None and not 0.0 < self.availability_target < 1.0:
             raise SpecError(
                 f"availability_target must be in (0, 1), got {self.availability_target}"
             )
+        object.__setattr__(self, "vantage", _vantage(self.vantage))
+
+    @property
+    def objective_keys(self) -> tuple[str, ...]:
+        """The objectives' keys, in order (see :func:`objective_key`)."""
+        return tuple(objective_key(o) for o in self.objectives)

@@ -1,0 +1,352 @@
+"""The live state of one SLO: tiered counter and sketch rings, lifetime totals, in-flight ids.
+
+Tiers (slot resolution, slots kept behind the clock's slot, slots accepted ahead of it):
+
+=========  ==========  ======================================  ========================
+ring       resolution  kept                                    answers
+=========  ==========  ======================================  ========================
+counters   1 s         3600 (1 h)                              windows <= 1 h
+counters   1 min       1442 (1 d + 2 min)                      windows <= 1 d, rollups
+counters   1 h         max(compliance, 1 d) + 1 h              longer windows
+sketches   10 s        32 (5 min + 20 s)                       windows <= 5 min
+sketches   1 min       122 (the 2-h late horizon + 2 min)      windows <= 1 h, rollups
+sketches   1 h         26 (1 d + 2 h)                          windows <= 1 d
+sketches   1 d         ceil(compliance / 1 d) + 2              longer windows
+=========  ==========  ======================================  ========================
+
+Every accepted record is counted into every ring whose range holds its finish slot; each
+window then reads one ring. Counter windows are the ``ceil(W / r)`` slots ending with the
+current one; sketch windows cover ``[now − W, now]`` rounded outward to whole slots, so a
+percentile never rests on a nearly empty current slot.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.goodput import _summarize as col
+from controlplane.goodput._batch import (
+    E2EL,
+    ITL,
+    METRICS,
+    TPOT,
+    TTFT,
+    BatchView,
+    gap_positions,
+)
+from controlplane.goodput._blob import decode_sketch_blob, encode_sketch_blob
+from controlplane.goodput._rings import CounterRing, SketchRing
+from controlplane.goodput.spec import SLOSpec
+from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
+from exporters import buckets
+
+__all__ = ["SLOState"]
+
+B = npt.NDArray[np.bool_]
+I64 = npt.NDArray[np.int64]
+
+R = TypeVar("R", CounterRing, SketchRing)
+
+_DAY_S, _HOUR_S = 86400, 3600
+_NUM_PROM = len(buckets.LATENCY_BUCKETS_S) + 1
+
+
+def _hours_kept(window_s: float) -> int:
+    return math.ceil(max(window_s, _DAY_S) / _HOUR_S) + 1
+
+
+def _days_kept(window_s: float) -> int:
+    return math.ceil(window_s / _DAY_S) + 2
+
+
+class _Tier(Generic[R]):
+    """A ring with the range of slots it accepts: ``(now_slot − kept, now_slot + ahead]``."""
+
+    __slots__ = ("ahead", "kept", "ring")
+
+    def __init__(self, ring: R, kept: int, ahead: int) -> None:
+        self.ring: R = ring
+        self.kept = kept
+        self.ahead = ahead
+
+    def resize(self, kept: int) -> None:
+        self.kept = kept
+        self.ring = self.ring.resized(kept + self.ahead)
+
+    def holds_slot(self, slot: int, now_s: int) -> bool:
+        now_slot = now_s // self.ring.resolution_s
+        return now_slot - self.kept < slot <= now_slot + self.ahead
+
+    def holds(self, slots: I64, now_s: int) -> B:
+        now_slot = now_s // self.ring.resolution_s
+        held: B = (slots > now_slot - self.kept) & (slots <= now_slot + self.ahead)
+        return held
+
+
+def _counter_tier(resolution_s: int, kept: int, ahead: int, width: int) -> _Tier[CounterRing]:
+    return _Tier(CounterRing(resolution_s, kept + ahead, width), kept, ahead)
+
+
+def _sketch_tier(resolution_s: int, kept: int, ahead: int) -> _Tier[SketchRing]:
+    return _Tier(SketchRing(resolution_s, kept + ahead, len(METRICS)), kept, ahead)
+
+
+class SLOState:
+    """Everything the engine keeps for one SLO (see the module docstring for the tiers)."""
+
+    def __init__(self, spec: SLOSpec) -> None:
+        self.spec = spec
+        self.keys: tuple[str, ...] = spec.objective_keys
+        width = col.BASE_COLUMNS + len(self.keys)
+        self.counters = [
+            _counter_tier(1, 3600, 60, width),
+            _counter_tier(60, 1442, 2, width),
+            _counter_tier(_HOUR_S, _hours_kept(spec.window_s), 2, width),
+        ]
+        self.sketches = [
+            _sketch_tier(10, 32, 7),
+            _sketch_tier(60, 122, 2),
+            _sketch_tier(_HOUR_S, 26, 2),
+            _sketch_tier(_DAY_S, _days_kept(spec.window_s), 2),
+        ]
+        # Lifetime totals for Prometheus counters and histograms (never decrease).
+        self.totals: dict[str, int] = dict.fromkeys(("good", "bad", "rejected", "aborted"), 0)
+        self.violation_totals: dict[str, int] = dict.fromkeys(self.keys, 0)
+        self.histogram_counts: I64 = np.zeros((len(METRICS), _NUM_PROM), dtype=np.int64)
+        self.histogram_sums = [0.0] * len(METRICS)
+        self.dirty_minutes: set[int] = set()
+        self.in_flight: dict[str, float] = {}
+        self._in_flight_pruned_s = -math.inf
+
+    # -- spec changes -------------------------------------------------------------------
+
+    def update_spec(self, spec: SLOSpec) -> None:
+        """Apply a new version of this SLO, keeping history (verdicts stay as judged)."""
+        keys = spec.objective_keys
+        if keys != self.keys:
+            columns: list[int | None] = list(range(col.BASE_COLUMNS))
+            columns += [
+                col.BASE_COLUMNS + self.keys.index(k) if k in self.keys else None for k in keys
+            ]
+            for tier in self.counters:
+                tier.ring = tier.ring.remapped(columns)
+            for key in keys:
+                self.violation_totals.setdefault(key, 0)
+            self.keys = keys
+        if spec.window_s != self.spec.window_s:
+            self.counters[2].resize(_hours_kept(spec.window_s))
+            self.sketches[3].resize(_days_kept(spec.window_s))
+        self.spec = spec
+
+    # -- ingest -------------------------------------------------------------------------
+
+    def ingest(self, view: BatchView) -> None:
+        """Count the batch's rows that this SLO selects (one pass, vectorised)."""
+        selected = view.selection(self.spec)
+        self._track_in_flight(view, selected)
+        rows = np.flatnonzero(selected & view.accepted)
+        if rows.shape[0] == 0:
+            return
+        verdicts = view.verdicts(self.spec.objectives)
+        judged, good = view.judged[rows], verdicts.good[rows]
+        aborted = view.aborted[rows]
+        tokens = view.tokens[rows]
+        contrib = np.empty((rows.shape[0], col.BASE_COLUMNS + len(self.keys)), dtype=np.int64)
+        contrib[:, col.REQUESTS] = judged
+        contrib[:, col.GOOD] = good
+        contrib[:, col.ERRORS] = view.err[rows]
+        contrib[:, col.ABORTED] = aborted
+        contrib[:, col.REJECTED] = view.rejected[rows]
+        contrib[:, col.OUTPUT_TOKENS] = np.where(judged | aborted, tokens, 0)
+        contrib[:, col.GOOD_OUTPUT_TOKENS] = np.where(good, tokens, 0)
+        contrib[:, col.BASE_COLUMNS :] = judged[:, None] & ~verdicts.met[rows]
+        sec = view.sec[rows]
+        firsts = np.flatnonzero(np.concatenate(([True], sec[1:] != sec[:-1])))
+        seconds, sums = sec[firsts], np.add.reduceat(contrib, firsts, axis=0)
+        self._add_counters(seconds, sums, view.now_s)
+        self.dirty_minutes.update(np.unique(seconds // 60).tolist())
+        self._add_totals(sums.sum(axis=0))
+        ok_rows = rows[view.ok[rows]]
+        if ok_rows.shape[0]:
+            self._add_sketches(view, ok_rows)
+
+    def _track_in_flight(self, view: BatchView, selected: B) -> None:
+        # Per-request Python work, bounded: one dict operation per selected row.
+        ids = view.batch.request_ids
+        partial = np.flatnonzero(selected & ~view.batch.final)
+        if self.in_flight:
+            done = np.flatnonzero(selected & view.batch.final)
+            for i in done.tolist():
+                self.in_flight.pop(ids[i], None)
+        if partial.shape[0]:
+            seen = float(view.now_s)
+            self.in_flight.update((ids[i], seen) for i in partial.tolist())
+
+    def _add_counters(self, seconds: I64, sums: I64, now_s: int) -> None:
+        for tier in self.counters:
+            slots = seconds // tier.ring.resolution_s
+            firsts = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
+            slots, per_slot = slots[firsts], np.add.reduceat(sums, firsts, axis=0)
+            held = tier.holds(slots, now_s)
+            tier.ring.add(slots[held], per_slot[held])
+
+    def _add_totals(self, total: I64) -> None:
+        good, judged = int(total[col.GOOD]), int(total[col.REQUESTS])
+        self.totals["good"] += good
+        self.totals["bad"] += judged - good
+        self.totals["rejected"] += int(total[col.REJECTED])
+        self.totals["aborted"] += int(total[col.ABORTED])
+        for k, key in enumerate(self.keys):
+            self.violation_totals[key] += int(total[col.BASE_COLUMNS + k])
+
+    def _add_sketches(self, view: BatchView, ok_rows: I64) -> None:
+        slot10 = view.sec[ok_rows] // 10
+        for metric, row in ((TTFT, 0), (TPOT, 1), (E2EL, 2)):
+            index = view.row_index[row, ok_rows]
+            defined = index >= 0
+            self._add_metric(metric, slot10[defined], index[defined], view.now_s)
+            values = view.row_values[row, ok_rows][defined]
+            self.histogram_counts[metric] += np.bincount(
+                view.prom_index[row, ok_rows][defined], minlength=_NUM_PROM
+            )
+            self.histogram_sums[metric] += float(values.sum())
+        lengths = view.num_gaps[ok_rows]
+        positions = gap_positions(view.gap_start[ok_rows], lengths)
+        if positions.shape[0]:
+            self._add_metric(ITL, np.repeat(slot10, lengths), view.gap_index[positions], view.now_s)
+            self.histogram_counts[ITL] += np.bincount(
+                view.gap_prom_index[positions], minlength=_NUM_PROM
+            )
+            self.histogram_sums[ITL] += float(view.gap_s[positions].sum())
+
+    def _add_metric(self, metric: int, slot10: I64, index: I64, now_s: int) -> None:
+        """Count bucket ``index`` values (grouped by ascending 10-s slot) into each tier."""
+        if index.shape[0] == 0:
+            return
+        bounds = np.flatnonzero(np.concatenate(([True], slot10[1:] != slot10[:-1], [True])))
+        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            part = index[start:end]
+            lo = int(part.min())
+            counts = np.bincount(part - lo)
+            second = int(slot10[start]) * 10
+            for tier in self.sketches:
+                slot = second // tier.ring.resolution_s
+                if tier.holds_slot(slot, now_s):
+                    tier.ring.add(slot, metric, lo, counts)
+
+    # -- queries ------------------------------------------------------------------------
+
+    def window_counts(self, window_s: float, now: float) -> I64:
+        """Counter sums over the ``ceil(W / r)`` slots ending with the current one."""
+        tier = next(
+            (t for t in self.counters if window_s <= t.kept * t.ring.resolution_s),
+            self.counters[-1],
+        )
+        r = tier.ring.resolution_s
+        last = math.floor(now) // r
+        return tier.ring.total(last - math.ceil(window_s / r) + 1, last)
+
+    def window_sketches(self, window_s: float, now: float) -> I64:
+        """Sketch sums over the slots that cover ``[now − W, now]``."""
+        limits = (300, _HOUR_S, _DAY_S)
+        tier = next(
+            (t for t, limit in zip(self.sketches, limits, strict=False) if window_s <= limit),
+            self.sketches[-1],
+        )
+        r = tier.ring.resolution_s
+        return tier.ring.total(math.floor(now - window_s) // r, math.floor(now) // r)
+
+    @property
+    def max_window_s(self) -> float:
+        return float(max(self.spec.window_s, _DAY_S))
+
+    def in_flight_count(self, now: float, ttl_s: float) -> int:
+        """Partial requests seen within ``ttl_s`` (older ones are forgotten: their final
+        record was lost or will come late)."""
+        # Pruning is O(size): do it at most every 10 s, so a once-a-second summary stays cheap.
+        if self.in_flight and now - self._in_flight_pruned_s >= 10.0:
+            horizon = now - ttl_s
+            self.in_flight = {k: t for k, t in self.in_flight.items() if t >= horizon}
+            self._in_flight_pruned_s = now
+        return len(self.in_flight)
+
+    def totals_snapshot(self, now: float, ttl_s: float) -> SLOTotals:
+        histograms = {
+            name: LatencyHistogram(
+                bucket_counts=tuple(int(v) for v in self.histogram_counts[m].tolist()),
+                sum_s=self.histogram_sums[m],
+            )
+            for m, name in enumerate(METRICS)
+        }
+        return SLOTotals(
+            slo_id=self.spec.id,
+            slo_name=self.spec.name,
+            good=self.totals["good"],
+            bad=self.totals["bad"],
+            rejected=self.totals["rejected"],
+            aborted=self.totals["aborted"],
+            violations=dict(self.violation_totals),
+            histograms=histograms,
+            in_flight=self.in_flight_count(now, ttl_s),
+        )
+
+    # -- rollups ------------------------------------------------------------------------
+
+    def rollup(self, minute: int) -> MinuteRollup | None:
+        """The complete state of one minute, or ``None`` when no ring holds it."""
+        counts = self.counters[1].ring.get(minute)
+        if counts is None or not counts.any():
+            return None
+        sketches = self.sketches[1].ring.get(minute)
+        return MinuteRollup(
+            slo_id=self.spec.id,
+            minute_start=datetime.fromtimestamp(minute * 60, tz=UTC),
+            requests=int(counts[col.REQUESTS]),
+            good=int(counts[col.GOOD]),
+            errors=int(counts[col.ERRORS]),
+            aborted=int(counts[col.ABORTED]),
+            rejected=int(counts[col.REJECTED]),
+            output_tokens=int(counts[col.OUTPUT_TOKENS]),
+            good_output_tokens=int(counts[col.GOOD_OUTPUT_TOKENS]),
+            violations={k: int(counts[col.BASE_COLUMNS + i]) for i, k in enumerate(self.keys)},
+            sketch_blob=encode_sketch_blob(sketches),
+        )
+
+    def held_minutes(self) -> list[int]:
+        """Minutes whose sketches are still kept (the range rollups can be re-emitted for)."""
+        ring = self.sketches[1].ring
+        return [int(m) for m in ring.slots[ring.slots >= 0].tolist()]
+
+    def load(self, rollup: MinuteRollup, now_s: int) -> None:
+        """Add a rollup from storage into every ring whose range holds its minute."""
+        counts = np.zeros(col.BASE_COLUMNS + len(self.keys), dtype=np.int64)
+        counts[: col.BASE_COLUMNS] = (
+            rollup.requests,
+            rollup.good,
+            rollup.errors,
+            rollup.aborted,
+            rollup.rejected,
+            rollup.output_tokens,
+            rollup.good_output_tokens,
+        )
+        for k, key in enumerate(self.keys):
+            counts[col.BASE_COLUMNS + k] = int(rollup.violations.get(key, 0))
+        # The minute's per-second detail is gone: its counts go to its first second.
+        second = int(rollup.minute_start.timestamp()) // 60 * 60
+        self._add_counters(np.array([second]), counts[None, :], now_s)
+        sketches = decode_sketch_blob(rollup.sketch_blob)
+        for tier in self.sketches:
+            slot = second // tier.ring.resolution_s
+            if tier.holds_slot(slot, now_s):
+                tier.ring.add_dense(slot, sketches)
+
+    @property
+    def nbytes(self) -> int:
+        counters = sum(t.ring.nbytes for t in self.counters)
+        sketches = sum(t.ring.nbytes for t in self.sketches)
+        return int(counters + sketches + self.histogram_counts.nbytes)
