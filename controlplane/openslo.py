@@ -45,7 +45,14 @@ from pydantic import ValidationError
 from controlplane.errors import InvalidInputError, format_validation_errors
 from controlplane.schemas.slo import SLOCreate, SLOPublic
 
-__all__ = ["API_VERSION", "export_yaml", "parse_documents", "to_openslo"]
+__all__ = [
+    "API_VERSION",
+    "export_yaml",
+    "format_duration",
+    "parse_documents",
+    "parse_duration",
+    "to_openslo",
+]
 
 API_VERSION = "openslo/v1"
 ANNOTATION_VANTAGE = "goodput.dev/vantage"
@@ -122,10 +129,21 @@ def _source(spec: dict[str, Any]) -> dict[str, Any]:
     return {"metricSource": {"type": SOURCE_TYPE, "spec": spec}}
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated values out in full: imports refuse aliases, so exports must not use them."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def export_yaml(slos: Sequence[SLOPublic]) -> str:
     """A YAML stream with one OpenSLO document per SLO."""
-    return yaml.safe_dump_all(
-        [to_openslo(s) for s in slos], sort_keys=False, allow_unicode=True, default_flow_style=False
+    return yaml.dump_all(
+        [to_openslo(s) for s in slos],
+        Dumper=_PlainDumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
     )
 
 

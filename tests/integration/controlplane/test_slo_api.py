@@ -85,7 +85,9 @@ async def test_patch_changes_only_sent_fields_and_bumps_version(
 ) -> None:
     slo = await create(client, operator_headers)
     response = await client.patch(
-        f"{SLOS}/chat", json={"target": 0.95, "availability_target": 0.999}, headers=operator_headers
+        f"{SLOS}/chat",
+        json={"target": 0.95, "availability_target": 0.999},
+        headers=operator_headers,
     )
     assert response.status_code == 200, response.text
     updated = response.json()
@@ -235,9 +237,17 @@ async def test_name_prefix_treats_like_wildcards_literally(
             "objectives",
             "objectives must have one objective per metric and statistic, got e2el/max twice",
         ),
-        ({"vantage": "client"}, "vantage", "vantage must be one of 'gateway' or 'engine', got 'client'"),
+        (
+            {"vantage": "client"},
+            "vantage",
+            "vantage must be one of 'gateway' or 'engine', got 'client'",
+        ),
         ({"colour": "red"}, "colour", "colour is not an allowed field, got 'red'"),
-        ({"description": "a\u0000b"}, "description", "description must match ^[^\\x00]*$, got 'a\\x00b'"),
+        (
+            {"description": "a\u0000b"},
+            "description",
+            "description must match ^[^\\x00]*$, got 'a\\x00b'",
+        ),
     ],
 )
 async def test_validation_errors_name_field_range_and_value(

@@ -1,0 +1,5 @@
+"""``python -m goodput ...``: the same as the ``goodput`` console script."""
+
+from goodput.cli import main
+
+main()
