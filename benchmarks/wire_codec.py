@@ -19,6 +19,8 @@ line is one JSON object; ``json_per_token_ratio`` = our decode tokens/s ÷ the b
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import importlib.util
 import json
 import sys
@@ -26,6 +28,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,41 +103,80 @@ def make_batch(
     return batch
 
 
-def best_of(repeats: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
+@dataclass
+class Codec:
+    """One way to ship a batch; ``prepare`` (untimed) may reshape the batch first."""
+
+    encode: Callable[[RecordBatch], bytes]
+    decode: Callable[[bytes], object]
+    prepare: Callable[[RecordBatch], RecordBatch] = lambda batch: batch
+    max_batches: int | None = None  # memory-hungry baselines run on the first batches only
+
+
+@dataclass
+class Totals:
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    size: int = 0
+    tokens: int = 0
+    requests: int = 0
+
+
+def race(
+    repeats: int, fns: dict[tuple[str, str], Callable[[], object]]
+) -> dict[tuple[str, str], float]:
+    """Best-of-``repeats`` time of each function, the functions taking turns in each round so
+    that load from other processes falls on all of them alike."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[key] = min(best[key], time.perf_counter() - start)
     return best
 
 
-def per_token_objects(batch: RecordBatch) -> list[dict[str, Any]]:
+def run(codecs: dict[str, Codec], batches: list[RecordBatch], repeats: int) -> dict[str, Totals]:
+    totals = {name: Totals() for name in codecs}
+    for k, batch in enumerate(batches):
+        fns: dict[tuple[str, str], Callable[[], object]] = {}
+        for name, codec in codecs.items():
+            if codec.max_batches is not None and k >= codec.max_batches:
+                continue
+            shaped = codec.prepare(batch)
+            data = codec.encode(shaped)
+            total = totals[name]
+            total.size += len(data)
+            total.tokens += shaped.num_emissions
+            total.requests += len(shaped)
+            fns[name, "encode"] = functools.partial(codec.encode, shaped)
+            fns[name, "decode"] = functools.partial(codec.decode, data)
+        for (name, step), seconds in race(repeats, fns).items():
+            setattr(totals[name], f"{step}_s", getattr(totals[name], f"{step}_s") + seconds)
+    return totals
+
+
+def per_token_json(batch: RecordBatch) -> bytes:
     """The naive wire: one JSON object per token, absolute µs timestamps."""
+    counts = np.diff(batch.emission_starts)
     arrival_us = batch.arrival_time_ns // 1_000
-    times = (
-        batch.emission_offsets_us + np.repeat(arrival_us, np.diff(batch.emission_starts))
-    ).tolist()
-    ids = np.repeat(np.array(batch.request_ids, dtype=object), np.diff(batch.emission_starts))
-    return [{"request_id": rid, "t": t} for rid, t in zip(ids.tolist(), times, strict=True)]
+    times = (batch.emission_offsets_us + np.repeat(arrival_us, counts)).tolist()
+    ids = np.repeat(np.array(batch.request_ids, dtype=object), counts).tolist()
+    objects = [{"request_id": rid, "t": t} for rid, t in zip(ids, times, strict=True)]
+    return json.dumps(objects).encode()
 
 
-def measure_codec(
-    batches: list[RecordBatch], repeats: int, encode: Callable[[RecordBatch, int], bytes]
-) -> tuple[float, float, int]:
-    """Summed best-of encode and decode seconds over the batches, and the bytes shipped."""
-    encode_s = decode_s = 0.0
-    size = 0
-    for seq, batch in enumerate(batches):
-        data = encode(batch, seq)
-        size += len(data)
-        encode_s += best_of(repeats, lambda b=batch, s=seq: encode(b, s))
-        decode_s += best_of(repeats, lambda d=data: decode_batch(d))
-    return encode_s, decode_s, size
+def encode_v1(batch: RecordBatch) -> bytes:
+    return encode_batch(batch, exporter_id="bench", seq=1, sent_time_ns=0)
 
 
-def encode_v1(batch: RecordBatch, seq: int) -> bytes:
-    return encode_batch(batch, exporter_id="bench", seq=seq, sent_time_ns=0)
+def encode_json_form(batch: RecordBatch) -> bytes:
+    return json.dumps(batch_to_json(batch, exporter_id="bench", seq=1, sent_time_ns=0)).encode()
+
+
+def body_only(batch: RecordBatch) -> bytes:
+    body: bytes = msgpack.unpackb(encode_v1(batch))["body"]
+    return body
 
 
 def with_wide_gap(batch: RecordBatch) -> RecordBatch:
@@ -142,15 +184,10 @@ def with_wide_gap(batch: RecordBatch) -> RecordBatch:
     offsets = batch.emission_offsets_us.copy()
     first_end = int(batch.emission_starts[1])
     offsets[first_end - 1 : first_end] += 2**32
-    return RecordBatch(
-        **{
-            **{f: getattr(batch, f) for f in batch.__dataclass_fields__},
-            "emission_offsets_us": offsets,
-        }
-    )
+    return dataclasses.replace(batch, emission_offsets_us=offsets)
 
 
-def arrow_codec(batches: list[RecordBatch], repeats: int) -> dict[str, float]:
+def arrow_codec() -> Codec:
     """Arrow IPC stream of the same columns (emissions as list<int64>), decoded into a
     RecordBatch and checked like ours, so that the two figures compare like for like."""
     import pyarrow as pa
@@ -210,47 +247,7 @@ def arrow_codec(batches: list[RecordBatch], repeats: int) -> dict[str, float]:
         check_batch(batch)
         return batch
 
-    encode_s = decode_s = 0.0
-    size = tokens = 0
-    for batch in batches:
-        data = encode(batch)
-        size += len(data)
-        tokens += batch.num_emissions
-        encode_s += best_of(repeats, lambda b=batch: encode(b))
-        decode_s += best_of(repeats, lambda d=data: decode(d))
-    return {
-        "arrow_encode_tokens_per_s": tokens / encode_s,
-        "arrow_decode_tokens_per_s": tokens / decode_s,
-        "arrow_bytes_per_token": size / tokens,
-    }
-
-
-def compare(batches: list[RecordBatch], repeats: int, tokens: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    json_bytes = json_enc = json_dec = 0.0
-    for seq, batch in enumerate(batches):
-        text = json.dumps(batch_to_json(batch, exporter_id="bench", seq=seq)).encode()
-        json_bytes += len(text)
-        json_enc += best_of(
-            repeats, lambda b=batch, s=seq: json.dumps(batch_to_json(b, exporter_id="bench", seq=s))
-        )
-        json_dec += best_of(repeats, lambda t=text: batch_from_json(json.loads(t)))
-    results["json_form_encode_tokens_per_s"] = tokens / json_enc
-    results["json_form_decode_tokens_per_s"] = tokens / json_dec
-    results["json_form_bytes_per_token"] = json_bytes / tokens
-    wide = [with_wide_gap(b) for b in batches]
-    encode_s, decode_s, size = measure_codec(wide, repeats, encode_v1)
-    results["i64_deltas_encode_tokens_per_s"] = tokens / encode_s
-    results["i64_deltas_decode_tokens_per_s"] = tokens / decode_s
-    results["i64_deltas_bytes_per_token"] = size / tokens
-    bodies = [msgpack.unpackb(encode_v1(b, 0))["body"] for b in batches]
-    crc_s = sum(best_of(repeats, lambda body=body: zlib.crc32(body)) for body in bodies)
-    results["crc32_tokens_per_s"] = tokens / crc_s
-    if importlib.util.find_spec("pyarrow") is not None:
-        results.update(arrow_codec(batches, repeats))
-    else:
-        results["arrow"] = "pyarrow not importable: skipped"
-    return results
+    return Codec(encode, decode)
 
 
 def main() -> None:
@@ -260,51 +257,51 @@ def main() -> None:
     args = parser.parse_args()
     trace = load_azure("conv")
     num_batches = 5 if args.quick else len(trace) // BATCH_RECORDS
-    repeats = 3 if args.quick else 5
+    repeats = 3 if args.quick else 7
     rng = np.random.default_rng(2023)
+    columns = (trace.arrival_s, trace.input_tokens, trace.output_tokens)
     batches = [
-        make_batch(
-            rng,
-            *(
-                column[k * BATCH_RECORDS : (k + 1) * BATCH_RECORDS]
-                for column in (trace.arrival_s, trace.input_tokens, trace.output_tokens)
-            ),
-        )
+        make_batch(rng, *(c[k * BATCH_RECORDS : (k + 1) * BATCH_RECORDS] for c in columns))
         for k in range(num_batches)
     ]
-    tokens = sum(b.num_emissions for b in batches)
-    requests = sum(len(b) for b in batches)
-    encode_s, decode_s, size = measure_codec(batches, repeats, encode_v1)
-
-    # Baseline on the first batches only: a list of per-token dicts costs ~250 B per token.
-    base_batches = batches[: 1 if args.quick else 3]
-    base_tokens = sum(b.num_emissions for b in base_batches)
-    base_encode_s = base_decode_s = 0.0
-    base_bytes = 0
-    for batch in base_batches:
-        text = json.dumps(per_token_objects(batch))
-        base_bytes += len(text)
-        base_encode_s += best_of(repeats, lambda b=batch: json.dumps(per_token_objects(b)))
-        base_decode_s += best_of(repeats, lambda t=text: json.loads(t))
-    decode_tokens_per_s = tokens / decode_s
-    baseline_decode_tokens_per_s = base_tokens / base_decode_s
-
-    result: dict[str, Any] = {
-        "encode_tokens_per_s": tokens / encode_s,
-        "decode_tokens_per_s": decode_tokens_per_s,
-        "requests_per_s": requests / decode_s,
-        "encode_requests_per_s": requests / encode_s,
-        "json_per_token_ratio": decode_tokens_per_s / baseline_decode_tokens_per_s,
-        "bytes_per_token": size / tokens,
-        "baseline_encode_tokens_per_s": base_tokens / base_encode_s,
-        "baseline_decode_tokens_per_s": baseline_decode_tokens_per_s,
-        "baseline_bytes_per_token": base_bytes / base_tokens,
-        "batches": num_batches,
-        "records_per_batch": BATCH_RECORDS,
-        "tokens": tokens,
+    # A list of per-token dicts costs ~250 B per token: the baseline runs on a few batches.
+    codecs = {
+        "wire": Codec(encode_v1, decode_batch),
+        "baseline": Codec(per_token_json, json.loads, max_batches=1 if args.quick else 3),
     }
     if args.compare:
-        result.update(compare(batches, repeats, tokens))
+        codecs["json_form"] = Codec(
+            encode_json_form, lambda data: batch_from_json(json.loads(data))
+        )
+        codecs["i64_deltas"] = Codec(encode_v1, decode_batch, prepare=with_wide_gap)
+        codecs["crc32"] = Codec(body_only, zlib.crc32)
+        if importlib.util.find_spec("pyarrow") is not None:
+            codecs["arrow"] = arrow_codec()
+    totals = run(codecs, batches, repeats)
+
+    wire, base = totals["wire"], totals["baseline"]
+    result: dict[str, Any] = {
+        "encode_tokens_per_s": wire.tokens / wire.encode_s,
+        "decode_tokens_per_s": wire.tokens / wire.decode_s,
+        "requests_per_s": wire.requests / wire.decode_s,
+        "json_per_token_ratio": (wire.tokens / wire.decode_s) / (base.tokens / base.decode_s),
+        "bytes_per_token": wire.size / wire.tokens,
+        "encode_requests_per_s": wire.requests / wire.encode_s,
+        "batches": num_batches,
+        "records_per_batch": BATCH_RECORDS,
+        "tokens": wire.tokens,
+    }
+    for name, total in totals.items():
+        if name == "wire":
+            continue
+        if name == "crc32":  # the checksum alone, over the bodies
+            result["crc32_tokens_per_s"] = total.tokens / total.decode_s
+            continue
+        result[f"{name}_encode_tokens_per_s"] = total.tokens / total.encode_s
+        result[f"{name}_decode_tokens_per_s"] = total.tokens / total.decode_s
+        result[f"{name}_bytes_per_token"] = total.size / total.tokens
+    if args.compare and "arrow" not in codecs:
+        result["arrow"] = "pyarrow not importable: skipped"
     for key, value in result.items():
         print(f"{key:>34}: {value:,.3f}" if isinstance(value, float) else f"{key:>34}: {value}")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
