@@ -122,6 +122,7 @@ class SLOState:
         self.dirty_minutes: set[int] = set()
         self.in_flight: dict[str, float] = {}
         self._in_flight_pruned_s = -math.inf
+        self.rollups_without_sketches = 0
 
     # -- spec changes -------------------------------------------------------------------
 
@@ -302,7 +303,11 @@ class SLOState:
         counts = self.counters[1].ring.get(minute)
         if counts is None or not counts.any():
             return None
-        sketches = self.sketches[1].ring.get(minute)
+        ring = self.sketches[1].ring
+        sketches = ring.get(minute)
+        if sketches is None and minute <= int(ring.slots.max()) - ring.size:
+            # Rollups were not collected for over 2 h: the minute's sketches are gone.
+            self.rollups_without_sketches += 1
         return MinuteRollup(
             slo_id=self.spec.id,
             minute_start=datetime.fromtimestamp(minute * 60, tz=UTC),

@@ -74,6 +74,7 @@ class GoodputEngine:
         self._recent = RecentStore(recent_rows_cap, tuple(sorted(set(itl_percentiles))))
         self.start_time = float(clock())
         self._history_start = self.start_time
+        self._rollups_without_sketches = 0  # of SLOs since removed
         self._health = dict.fromkeys(
             ("records", "final", "in_flight_updates", "late", "dropped_late", "dropped_future"),
             0,
@@ -100,6 +101,9 @@ class GoodputEngine:
                 elif state.spec != spec:
                     state.update_spec(spec)
                 states[spec.id] = state
+            for slo_id, gone in self._states.items():
+                if slo_id not in states:
+                    self._rollups_without_sketches += gone.rollups_without_sketches
             self._states = states
 
     @property
@@ -208,6 +212,8 @@ class GoodputEngine:
                 **self._health,
                 recent_rows=self._recent.rows,
                 recent_evicted=self._recent.evicted,
+                rollups_without_sketches=self._rollups_without_sketches
+                + sum(s.rollups_without_sketches for s in self._states.values()),
             )
 
     def totals(self, now: float | None = None) -> list[SLOTotals]:
@@ -222,7 +228,9 @@ class GoodputEngine:
     def rollups(self, until_time: float) -> list[MinuteRollup]:
         """Rollups of the complete minutes (ending by ``until_time``) that are new or
         changed since last emitted, by SLO then minute. A late record re-emits its minute
-        with full counts, so the store upserts by (slo_id, minute_start)."""
+        with full counts, so the store upserts by (slo_id, minute_start). Call it at least
+        every 2 h (every minute in production): a minute older than that has lost its
+        sketches and is emitted with counts only (counted in :meth:`health`)."""
         until_minute = math.floor(until_time) // 60
         out: list[MinuteRollup] = []
         with self._lock:

@@ -137,7 +137,9 @@ class EngineHealth:
     kept in the coarse buckets only; ``dropped_late``: older than the late horizon, not
     counted anywhere; ``dropped_future``: finishing further ahead of the engine clock than
     it tolerates (clock skew), not counted anywhere; ``recent_rows`` / ``recent_evicted``:
-    the dry-run store's size and the rows it evicted to stay within its cap.
+    the dry-run store's size and the rows it evicted to stay within its cap;
+    ``rollups_without_sketches``: minutes emitted with counts only because rollups were
+    not collected within 2 h of them.
     """
 
     records: int
@@ -148,6 +150,7 @@ class EngineHealth:
     dropped_future: int
     recent_rows: int
     recent_evicted: int
+    rollups_without_sketches: int = 0
 
 
 @dataclass(frozen=True, slots=True)

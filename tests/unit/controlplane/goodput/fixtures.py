@@ -96,12 +96,16 @@ def make_spec(
     )
 
 
-def finish_second(rec: RequestRecord) -> int:
-    """The finish second the engine uses: arrival + E2EL (or arrival), floored."""
+def finish_ns(rec: RequestRecord) -> int:
+    """The finish time the engine uses, ns: arrival + E2EL (or arrival when undefined)."""
     batch = RecordBatch.from_records([rec])
     e2el = request_latencies(batch).e2el_s[0]
     offset_ns = 0 if math.isnan(e2el) else round(e2el * 1e6) * 1000
-    return (rec.arrival_time_ns + offset_ns) // NS
+    return rec.arrival_time_ns + offset_ns
+
+
+def finish_second(rec: RequestRecord) -> int:
+    return finish_ns(rec) // NS
 
 
 def selects(spec: SLOSpec, rec: RequestRecord) -> bool:
