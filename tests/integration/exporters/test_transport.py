@@ -12,13 +12,12 @@ from exporters.records import Labels, RecordBatch, Vantage
 from exporters.sinks import InMemorySink
 from exporters.transport import ControlPlaneExporter
 from exporters.wire import encode_batch
+from tests.integration.exporters.conftest import LOST_ACK
 
 if TYPE_CHECKING:
-    from conftest import IngestServer, Receiver, WaitUntil
+    from tests.integration.exporters.conftest import IngestServer, Receiver, WaitUntil
 
 pytestmark = pytest.mark.integration
-
-LOST_ACK = -1
 
 
 def record_requests(recorder: RequestRecorder, ids: range) -> None:
@@ -93,8 +92,10 @@ def test_a_full_buffer_drops_the_oldest_batches_and_counts_exactly_what_is_missi
     try:
         record_requests(recorder, range(200))
         wait_until(
-            lambda: exporter.stats().num_pending_records == 0
-            and exporter.stats().num_dropped_records > 100
+            lambda: (
+                exporter.stats().num_pending_records == 0
+                and exporter.stats().num_dropped_records > 100
+            )
         )
         server.start()
         assert exporter.force_flush(5.0) is True

@@ -16,7 +16,7 @@ from exporters.transport import ControlPlaneExporter
 from exporters.wire import CONTENT_TYPE_BINARY
 
 if TYPE_CHECKING:
-    from conftest import IngestServer, Receiver, WaitUntil
+    from tests.integration.exporters.conftest import IngestServer, Receiver
 
 pytestmark = pytest.mark.integration
 

@@ -144,8 +144,18 @@ def test_an_explicit_finished_mark_is_kept() -> None:
 @pytest.mark.parametrize(
     ("marks", "phase", "ts_delta_us", "message"),
     [
-        ([], Phase.QUEUED, -1, r"mark\(QUEUED\): ts_ns 4999999000 is before the arrival at 5000000000"),
-        ([], Phase.QUEUED, 10, r"mark\(QUEUED\): ts_ns 5000010000 is in the future \(now 5000000000\)"),
+        (
+            [],
+            Phase.QUEUED,
+            -1,
+            r"mark\(QUEUED\): ts_ns 4999999000 is before the arrival at 5000000000",
+        ),
+        (
+            [],
+            Phase.QUEUED,
+            10,
+            r"mark\(QUEUED\): ts_ns 5000010000 is in the future \(now 5000000000\)",
+        ),
         (
             [Phase.PREFILL_START],
             Phase.QUEUED,
@@ -319,7 +329,7 @@ def test_partial_records_of_long_requests_only_once_per_interval() -> None:
     recorder, sink, clock = make(partial_interval_s=1.0)
     slow = recorder.start("slow")
     clock.advance_us(500_000)
-    young = recorder.start("young")
+    recorder.start("young")
     slow.token()
     done = recorder.start("done")
     clock.advance_us(500_000)
@@ -395,9 +405,7 @@ def test_in_memory_sink_drops_and_counts_after_shutdown() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(0, 3_000_000), st.integers(1, 5)), min_size=0, max_size=40
-    ),
+    st.lists(st.tuples(st.integers(0, 3_000_000), st.integers(1, 5)), min_size=0, max_size=40),
     st.integers(1, 8),
 )
 def test_any_emission_sequence_round_trips_exactly(
