@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     ``sqlite://`` / ``postgresql://`` URLs are accepted and given their async driver.
     ``open_health`` / ``open_metrics`` serve ``/health`` and ``/metrics`` without a key (for
     load balancers and Prometheus); when false they need a viewer key.
+    ``max_ingest_bytes`` bounds an ingest or OTLP body (before and after gzip);
+    ``ingest_dedup_window`` / ``ingest_max_exporters`` bound batch de-duplication;
+    ``slo_poll_interval_s`` is how often the live engine looks for SLO changes;
+    ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
     """
 
     model_config = SettingsConfigDict(env_prefix="GOODPUT_", extra="ignore", frozen=True)
@@ -46,6 +50,13 @@ class Settings(BaseSettings):
     key_last_used_resolution_s: float = Field(default=60.0, ge=0)
     ready_timeout_s: float = Field(default=2.0, gt=0)
     max_import_bytes: int = Field(default=1_048_576, gt=0)
+    # Ingest and the live goodput engine (docs/ingest.md).
+    max_ingest_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    ingest_dedup_window: int = Field(default=1024, ge=1, le=65_536)
+    ingest_max_exporters: int = Field(default=100_000, ge=1)
+    slo_poll_interval_s: float = Field(default=1.0, gt=0)
+    goodput_stream_interval_s: float = Field(default=1.0, gt=0)
+    dry_run_max_rows: int = Field(default=1_000_000, ge=1)
     log_level: LogLevel = "INFO"
     log_json: bool = False
 
