@@ -8,10 +8,39 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["Backoff", "EncodedBatch", "OutboundQueue"]
+from exporters.records import RequestRecord
+
+__all__ = ["Backoff", "EncodedBatch", "OutboundQueue", "split_batches"]
+
+# Upper bounds on the encoded size, for splitting before encoding: per record (id, labels,
+# per-record columns) and per emission (an int64 delta and an int32 token count).
+RECORD_BYTES_BOUND = 256
+EMISSION_BYTES_BOUND = 12
+
+
+def split_batches(
+    records: list[RequestRecord], max_records: int, max_bytes: int
+) -> Iterator[list[RequestRecord]]:
+    """Consecutive runs of ``records`` of at most ``max_records`` records and about
+    ``max_bytes`` encoded bytes (estimated from above; a single larger record goes alone),
+    so that a batch of long requests stays under the control plane's size limit.
+    """
+    run: list[RequestRecord] = []
+    size = 0
+    for record in records:
+        num_emissions = int(record.emission_offsets_us.shape[0])
+        cost = RECORD_BYTES_BOUND + len(record.request_id) + len(record.reason)
+        cost += EMISSION_BYTES_BOUND * num_emissions
+        if run and (len(run) >= max_records or size + cost > max_bytes):
+            yield run
+            run, size = [], 0
+        run.append(record)
+        size += cost
+    if run:
+        yield run
 
 
 @dataclass(frozen=True, slots=True)

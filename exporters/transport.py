@@ -7,7 +7,9 @@ blocked and its event loop never touched:
 
 * every ``flush_interval_s`` or ``max_batch_records`` records, it encodes the queued
   records with :func:`exporters.wire.encode_batch` under the next sequence number of this
-  exporter (``seq`` 0, 1, 2, …; ``exporter_id`` fixed for the exporter's life);
+  exporter (``seq`` 0, 1, 2, …; ``exporter_id`` fixed for the exporter's life), in batches
+  of at most ``max_batch_records`` records and about ``max_batch_bytes`` (below the
+  control plane's 16 MiB limit even for requests of tens of thousands of tokens);
 * it POSTs each batch to ``{url}/api/v1/ingest`` (``Content-Type``
   :data:`~exporters.wire.CONTENT_TYPE_BINARY`, ``Authorization: Bearer <key>`` when a key
   is given) with a timeout, in sequence order;
@@ -43,7 +45,7 @@ from collections import deque
 import httpx
 from prometheus_client import CollectorRegistry
 
-from exporters._transport_queue import Backoff, EncodedBatch, OutboundQueue
+from exporters._transport_queue import Backoff, EncodedBatch, OutboundQueue, split_batches
 from exporters._transport_stats import ControlPlaneExporterStats, ExporterStatsCollector
 from exporters.records import RecordBatch, RequestRecord
 from exporters.wire import CONTENT_TYPE_BINARY, encode_batch
@@ -73,6 +75,7 @@ class ControlPlaneExporter:
         api_key: str | None = None,
         exporter_id: str | None = None,
         max_batch_records: int = 512,
+        max_batch_bytes: int = 4 * 1024 * 1024,
         flush_interval_s: float = 0.25,
         max_buffer_bytes: int = 16 * 1024 * 1024,
         max_queue_records: int = 65_536,
@@ -86,6 +89,7 @@ class ControlPlaneExporter:
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         for name, value in (
             ("max_batch_records", max_batch_records),
+            ("max_batch_bytes", max_batch_bytes),
             ("max_queue_records", max_queue_records),
         ):
             if value < 1:
@@ -96,6 +100,7 @@ class ControlPlaneExporter:
         self.url = url.rstrip("/") + INGEST_PATH
         self.exporter_id = exporter_id or uuid.uuid4().hex
         self.max_batch_records = max_batch_records
+        self.max_batch_bytes = max_batch_bytes
         self.flush_interval_s = flush_interval_s
         self.max_queue_records = max_queue_records
         self.timeout_s = timeout_s
@@ -249,8 +254,7 @@ class ControlPlaneExporter:
             self._cond.wait(None if wake == float("inf") else max(0.0, wake - now))
 
     def _encode(self, records: list[RequestRecord]) -> None:
-        for start in range(0, len(records), self.max_batch_records):
-            chunk = records[start : start + self.max_batch_records]
+        for chunk in split_batches(records, self.max_batch_records, self.max_batch_bytes):
             data, num_records = self._encode_chunk(chunk)
             if data is None:
                 continue

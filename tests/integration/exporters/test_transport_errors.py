@@ -149,11 +149,33 @@ def test_shutdown_with_the_control_plane_gone_is_bounded_and_counts_every_record
     assert receiver.count() == 0
 
 
+def test_batches_are_cut_by_size_as_well_as_by_count(
+    server: IngestServer, receiver: Receiver
+) -> None:
+    exporter = fast_exporter(server.url, max_batch_records=100, max_batch_bytes=3000)
+    recorder = RequestRecorder(Vantage.GATEWAY, exporter)
+    try:
+        for i in range(6):
+            trace = recorder.start(f"long-{i}")
+            for _ in range(200):  # ~2.4 kB each by the exporter's upper bound
+                trace.token()
+            trace.finish()
+        assert exporter.force_flush(5.0) is True
+    finally:
+        exporter.shutdown(2.0)
+
+    assert sorted(receiver.request_ids()) == [f"long-{i}" for i in range(6)]
+    assert sorted(receiver.seqs) == list(range(6))  # one request per batch
+    assert all(r.output_tokens == 200 for r in receiver.records)
+
+
 def test_constructor_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="url must start with http:// or https://, got 'ftp://x'"):
         ControlPlaneExporter("ftp://x")
     with pytest.raises(ValueError, match="max_batch_records must be >= 1, got 0"):
         ControlPlaneExporter("http://127.0.0.1:9", max_batch_records=0)
+    with pytest.raises(ValueError, match="max_batch_bytes must be >= 1, got -1"):
+        ControlPlaneExporter("http://127.0.0.1:9", max_batch_bytes=-1)
     with pytest.raises(ValueError, match="max_buffer_bytes must be >= 1, got 0"):
         ControlPlaneExporter("http://127.0.0.1:9", max_buffer_bytes=0)
     with pytest.raises(ValueError, match="backoff must satisfy 0 < backoff_initial_s"):
