@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from exporters.records import RequestRecord
 
-__all__ = ["Backoff", "EncodedBatch", "OutboundQueue", "split_batches"]
+__all__ = ["Backoff", "EncodedBatch", "OutboundQueue", "retry_after_s", "split_batches"]
 
 # Upper bounds on the encoded size, for splitting before encoding: per record (id, labels,
 # per-record columns) and per emission (an int64 delta and an int32 token count).
@@ -126,3 +126,15 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header; ``None`` when absent, negative or an HTTP date
+    (rare from an API: the backoff applies)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None

@@ -45,7 +45,13 @@ from collections import deque
 import httpx
 from prometheus_client import CollectorRegistry
 
-from exporters._transport_queue import Backoff, EncodedBatch, OutboundQueue, split_batches
+from exporters._transport_queue import (
+    Backoff,
+    EncodedBatch,
+    OutboundQueue,
+    retry_after_s,
+    split_batches,
+)
 from exporters._transport_stats import ControlPlaneExporterStats, ExporterStatsCollector
 from exporters.records import RecordBatch, RequestRecord
 from exporters.wire import CONTENT_TYPE_BINARY, encode_batch
@@ -347,7 +353,7 @@ class ControlPlaneExporter:
                 self._on_rejected(batch, response)
                 return "rejected"
             problem = f"HTTP {status}"
-            retry_after = _retry_after_s(response)
+            retry_after = retry_after_s(response.headers.get("Retry-After"))
         delay = self._backoff.next_delay_s(retry_after)
         with self._lock:
             self._num_retries += 1
@@ -397,14 +403,3 @@ class ControlPlaneExporter:
             self._pending.clear()
             self._cond.notify_all()
         self._client.close()
-
-
-def _retry_after_s(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None  # an HTTP date: rare from an API; the backoff applies
-    return seconds if seconds >= 0 else None
