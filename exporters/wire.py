@@ -74,6 +74,15 @@ def _header(exporter_id: str, seq: int, sent_time_ns: int | None) -> BatchHeader
     return BatchHeader(exporter_id, seq, time.time_ns() if sent_time_ns is None else sent_time_ns)
 
 
+def _check_size(data: bytes, max_bytes: int) -> None:
+    """Refuse a message that is not bytes-like or is over ``max_bytes``, before parsing."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError("batch", f"expected bytes, got {type(data).__name__}")
+    size = memoryview(data).nbytes
+    if size > max_bytes:
+        raise WireError("batch", f"{size} bytes exceed max_bytes {max_bytes}")
+
+
 def encode_batch(
     batch: RecordBatch, *, exporter_id: str, seq: int, sent_time_ns: int | None = None
 ) -> bytes:
@@ -98,11 +107,7 @@ def decode_batch(
     trailing bytes, corrupted (CRC-32 mismatch), of an unsupported version, or whose content
     breaks the contract (column lengths, dictionary codes, CSR counts, token counts, ...).
     """
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError("batch", f"expected bytes, got {type(data).__name__}")
-    size = memoryview(data).nbytes
-    if size > max_bytes:
-        raise WireError("batch", f"{size} bytes exceed max_bytes {max_bytes}")
+    _check_size(data, max_bytes)
     envelope = unpack(data, "batch")
     if not isinstance(envelope, dict):
         raise WireError("batch", f"expected a map, got {type(envelope).__name__}")
@@ -162,11 +167,9 @@ def decode_any(
             "content_type",
             f"unsupported {content_type!r}; supported: {[CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON]}",
         )
-    size = memoryview(data).nbytes
-    if size > max_bytes:
-        raise WireError("batch", f"{size} bytes exceed max_bytes {max_bytes}")
+    _check_size(data, max_bytes)
     try:
-        obj = json.loads(data)
+        obj = json.loads(bytes(data))  # bytes() also takes a memoryview or bytearray
     except (ValueError, RecursionError) as exc:
         raise WireError("batch", f"invalid JSON ({exc})") from None
     return batch_from_json(obj)

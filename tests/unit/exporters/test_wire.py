@@ -253,6 +253,13 @@ def test_decode_any_chooses_the_codec_by_content_type() -> None:
         "['application/vnd.goodput.batch+msgpack', 'application/json']"
     )
     assert (exc.value.field, exc.value.reason) == ("content_type", str(exc.value)[14:])
+    _, got = decode_any(memoryview(text), CONTENT_TYPE_JSON)  # any bytes-like body
+    assert_same_batch(got, want, same_dictionaries=False)
+    _, got = decode_any(memoryview(encode(want)), CONTENT_TYPE_BINARY)
+    assert_same_batch(got, want, same_dictionaries=True)
+    with pytest.raises(WireError) as exc:
+        decode_any(text.decode(), CONTENT_TYPE_JSON)  # type: ignore[arg-type]
+    assert str(exc.value) == "batch: expected bytes, got str"
 
 
 def test_json_form_is_human_readable() -> None:
