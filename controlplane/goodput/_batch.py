@@ -9,7 +9,7 @@ that each SLO's rows come grouped by slot and sums per slot are one ``reduceat``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,7 @@ __all__ = [
     "RING_S",
     "BatchView",
     "gap_positions",
+    "prom_index",
 ]
 
 B = npt.NDArray[np.bool_]
@@ -59,13 +60,41 @@ def gap_positions(gap_start: I64, num_gaps: I64) -> I64:
     return positions
 
 
-def _indices(values: F64, index: Callable[[F64], I64]) -> I64:
-    """Bucket index per value with ``-1`` where the value is undefined (NaN)."""
-    out = np.full(values.shape[0], -1, dtype=np.int64)
+def _prom_table() -> tuple[I64, B]:
+    """Per sketch bucket: its Prometheus bucket, and whether a Prometheus bound lies
+    strictly inside it (then values in it need their own search)."""
+    upper = LatencySketch.UPPER_BOUNDS_S
+    lower = np.concatenate(([-np.inf], upper[:-1]))
+    bounds = np.asarray(buckets.LATENCY_BUCKETS_S)
+    # For v in (lower, upper] with no bound strictly inside, #bounds < v = #bounds <= lower.
+    at_lower = np.searchsorted(bounds, lower, side="right").astype(np.int64)
+    straddles = np.searchsorted(bounds, upper, side="left") > at_lower
+    return at_lower, straddles
+
+
+_PROM_OF_SKETCH, _STRADDLES = _prom_table()
+
+
+def prom_index(values: F64, sketch_index: I64) -> I64:
+    """``exporters.buckets.bucket_index(values)``, exactly, from the values' sketch buckets:
+    a table lookup, with a search only for values in the few sketch buckets that a
+    Prometheus bound splits."""
+    out: I64 = _PROM_OF_SKETCH[sketch_index]
+    split = _STRADDLES[sketch_index]
+    if split.any():
+        out[split] = buckets.bucket_index(values[split])
+    return out
+
+
+def _sketch_and_prom(values: F64) -> tuple[I64, I64]:
+    """Sketch and Prometheus bucket per value, ``-1`` where the value is undefined (NaN)."""
+    sketch = np.full(values.shape[0], -1, dtype=np.int64)
+    prom = np.full(values.shape[0], -1, dtype=np.int64)
     defined = ~np.isnan(values)
     if defined.any():
-        out[defined] = index(values[defined])
-    return out
+        sketch[defined] = LatencySketch.bucket_index(values[defined])
+        prom[defined] = prom_index(values[defined], sketch[defined])
+    return sketch, prom
 
 
 @dataclass(slots=True)
@@ -76,7 +105,9 @@ class BatchView:
     ``accepted``: final rows whose finish lies within the late horizon and the future
     tolerance of ``now_s``. Status masks (``ok`` …) cover final rows only.
     ``row_index`` / ``prom_index``: (3, n) sketch / Prometheus bucket of TTFT, TPOT, E2EL
-    (``-1`` where undefined); ``gap_*``: the ITL gaps of FULL rows, row after row.
+    (``-1`` where undefined); ``gap_*``: bucket indices of the ITL gaps of FULL rows, row
+    after row (row *i* owns ``num_gaps[i]`` from ``gap_start[i]``); ``row_gap_sum_s``: the
+    sum of each row's gaps.
     """
 
     batch: RecordBatch
@@ -94,9 +125,9 @@ class BatchView:
     row_values: F64
     row_index: I64
     prom_index: I64
-    gap_s: F64
     gap_index: I64
     gap_prom_index: I64
+    row_gap_sum_s: F64
     gap_start: I64
     num_gaps: I64
     itl_percentiles: dict[float, F64]
@@ -140,9 +171,9 @@ class BatchView:
         err = final & (status == Status.ERROR)
 
         row_values = np.stack((latencies.ttft_s, latencies.tpot_s, latencies.e2el_s))
-        row_index = np.stack([_indices(v, LatencySketch.bucket_index) for v in row_values])
-        prom_index = np.stack([_indices(v, buckets.bucket_index) for v in row_values])
-        gap_s, _ = itl_gaps_s(batch, validate=False)
+        indices = [_sketch_and_prom(v) for v in row_values]
+        gap_s, gap_rows = itl_gaps_s(batch, validate=False)
+        gap_index = LatencySketch.bucket_index(gap_s)
         num_gaps = latencies.num_gaps
         wanted = sorted(set(itl_percentiles))
         percentiles: dict[float, F64] = {}
@@ -165,11 +196,13 @@ class BatchView:
             judged=ok | err,
             tokens=latencies.output_tokens,
             row_values=row_values,
-            row_index=row_index,
-            prom_index=prom_index,
-            gap_s=gap_s,
-            gap_index=LatencySketch.bucket_index(gap_s),
-            gap_prom_index=buckets.bucket_index(gap_s),
+            row_index=np.stack([sketch for sketch, _ in indices]),
+            prom_index=np.stack([prom for _, prom in indices]),
+            gap_index=gap_index,
+            gap_prom_index=prom_index(gap_s, gap_index),
+            row_gap_sum_s=np.bincount(gap_rows, weights=gap_s, minlength=len(batch)).astype(
+                np.float64
+            ),
             gap_start=np.cumsum(num_gaps) - num_gaps,
             num_gaps=num_gaps,
             itl_percentiles=percentiles,

@@ -13,6 +13,8 @@ fraction of a dense array, while summing spans is one slice-add each.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import numpy.typing as npt
 
@@ -173,5 +175,7 @@ class SketchRing:
 
     @property
     def nbytes(self) -> int:
-        spans = sum(s.nbytes for row in self._spans for s in row if s is not None)
-        return int(spans + self.slots.nbytes + self._lo.nbytes)
+        """Bytes held, Python object headers of the spans and their lists included."""
+        spans = sum(sys.getsizeof(s) for row in self._spans for s in row if s is not None)
+        lists = sum(sys.getsizeof(row) for row in self._spans) + sys.getsizeof(self._spans)
+        return int(spans + lists + self.slots.nbytes + self._lo.nbytes)

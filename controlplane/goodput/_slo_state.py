@@ -207,34 +207,42 @@ class SLOState:
 
     def _add_sketches(self, view: BatchView, ok_rows: I64) -> None:
         slot10 = view.sec[ok_rows] // 10
+        # Rows come sorted by finish second: runs of one 10-s slot are contiguous.
+        bounds = np.flatnonzero(np.concatenate(([True], slot10[1:] != slot10[:-1], [True])))
+        slots = slot10[bounds[:-1]].tolist()
+        index = view.row_index[:, ok_rows]
         for metric, row in ((TTFT, 0), (TPOT, 1), (E2EL, 2)):
-            index = view.row_index[row, ok_rows]
-            defined = index >= 0
-            self._add_metric(metric, slot10[defined], index[defined], view.now_s)
-            values = view.row_values[row, ok_rows][defined]
-            self.histogram_counts[metric] += np.bincount(
-                view.prom_index[row, ok_rows][defined], minlength=_NUM_PROM
-            )
-            self.histogram_sums[metric] += float(values.sum())
+            self._add_metric(metric, index[row], bounds, slots, view.now_s)
+        defined = index >= 0
+        prom = (np.arange(3)[:, None] * _NUM_PROM + view.prom_index[:, ok_rows])[defined]
+        counts = np.bincount(prom, minlength=3 * _NUM_PROM).reshape(3, _NUM_PROM)
+        self.histogram_counts[[TTFT, TPOT, E2EL]] += counts
+        sums = np.nansum(view.row_values[:, ok_rows], axis=1).tolist()
+        for metric, total in zip((TTFT, TPOT, E2EL), sums, strict=True):
+            self.histogram_sums[metric] += total
         lengths = view.num_gaps[ok_rows]
         positions = gap_positions(view.gap_start[ok_rows], lengths)
         if positions.shape[0]:
-            self._add_metric(ITL, np.repeat(slot10, lengths), view.gap_index[positions], view.now_s)
+            gap_bounds = np.concatenate(([0], np.cumsum(lengths)))[bounds]
+            self._add_metric(ITL, view.gap_index[positions], gap_bounds, slots, view.now_s)
             self.histogram_counts[ITL] += np.bincount(
                 view.gap_prom_index[positions], minlength=_NUM_PROM
             )
-            self.histogram_sums[ITL] += float(view.gap_s[positions].sum())
+            self.histogram_sums[ITL] += float(view.row_gap_sum_s[ok_rows].sum())
 
-    def _add_metric(self, metric: int, slot10: I64, index: I64, now_s: int) -> None:
-        """Count bucket ``index`` values (grouped by ascending 10-s slot) into each tier."""
-        if index.shape[0] == 0:
-            return
-        bounds = np.flatnonzero(np.concatenate(([True], slot10[1:] != slot10[:-1], [True])))
-        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            part = index[start:end]
+    def _add_metric(
+        self, metric: int, index: I64, bounds: I64, slots: list[int], now_s: int
+    ) -> None:
+        """Count bucket ``index`` values (``-1``: undefined, skipped) into each tier; the
+        values of 10-s slot ``slots[j]`` are ``index[bounds[j]:bounds[j + 1]]``."""
+        for j, slot10 in enumerate(slots):
+            part = index[bounds[j] : bounds[j + 1]]
+            part = part[part >= 0]
+            if part.shape[0] == 0:
+                continue
             lo = int(part.min())
             counts = np.bincount(part - lo)
-            second = int(slot10[start]) * 10
+            second = slot10 * 10
             for tier in self.sketches:
                 slot = second // tier.ring.resolution_s
                 if tier.holds_slot(slot, now_s):

@@ -216,6 +216,15 @@ class GoodputEngine:
                 + sum(s.rollups_without_sketches for s in self._states.values()),
             )
 
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held: ``"slos"`` (rings, sketches, histograms of every SLO) and
+        ``"dry_run_store"`` (the recent-request columns)."""
+        with self._lock:
+            return {
+                "slos": sum(s.nbytes for s in self._states.values()),
+                "dry_run_store": self._recent.nbytes,
+            }
+
     def totals(self, now: float | None = None) -> list[SLOTotals]:
         """Lifetime totals of every SLO since engine start (for Prometheus counters and
         histograms), with the live in-flight gauge."""

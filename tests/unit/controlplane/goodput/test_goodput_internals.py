@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.goodput import SLOSpec, SpecError, objective_key, rollup_sketches
+from controlplane.goodput._batch import prom_index
 from controlplane.goodput._blob import decode_sketch_blob, encode_sketch_blob
 from controlplane.goodput._judge import judge_values
 from controlplane.goodput._rings import CounterRing, SketchRing
+from exporters.buckets import LATENCY_BUCKETS_S, bucket_index
 from exporters.latency import ItlGroups, request_latencies
 from exporters.records import RecordBatch, Status, Vantage
 from exporters.sketch import LatencySketch, SketchError
@@ -131,6 +133,22 @@ def test_judge_values_equals_judge_on_the_token_times(rows, statistics, threshol
     assert np.array_equal(got.good, want.good)
     assert np.array_equal(got.met, want.met)
     assert np.array_equal(got.judged, want.judged)
+
+
+# -- Prometheus buckets from sketch buckets ---------------------------------------------
+
+edge_values = st.sampled_from(LATENCY_BUCKETS_S).flatmap(
+    lambda b: st.sampled_from(
+        [b, np.nextafter(b, 0), np.nextafter(b, np.inf), b * 1.004, b / 1.004]
+    )
+)
+
+
+@given(st.lists(edge_values | st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200))
+def test_prom_index_from_sketch_buckets_equals_the_direct_search(values) -> None:
+    array = np.asarray(values, dtype=np.float64)
+    got = prom_index(array, LatencySketch.bucket_index(array))
+    assert np.array_equal(got, bucket_index(array))
 
 
 # -- sketch blob --------------------------------------------------------------------------
