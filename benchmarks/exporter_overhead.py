@@ -70,6 +70,8 @@ class ArrayTrace:
 class MemoryviewTrace(ArrayTrace):
     """The recorder's design, reduced to the hot path: a ``memoryview`` cast to ``'q'``."""
 
+    __slots__ = ()
+
     def __init__(self, n: int) -> None:
         super().__init__(n)
         self._buf = memoryview(bytearray(8 * n)).cast("q")  # type: ignore[assignment]
@@ -78,6 +80,8 @@ class MemoryviewTrace(ArrayTrace):
 class NumpyTrace(ArrayTrace):
     """numpy element assignment into a preallocated int64 array."""
 
+    __slots__ = ()
+
     def __init__(self, n: int) -> None:
         super().__init__(n)
         self._buf = np.zeros(n, dtype=np.int64)  # type: ignore[assignment]
@@ -85,6 +89,8 @@ class NumpyTrace(ArrayTrace):
 
 class ListTrace(ArrayTrace):
     """Item assignment into a preallocated list (keeps one int object per token)."""
+
+    __slots__ = ()
 
     def __init__(self, n: int) -> None:
         super().__init__(n)
