@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -67,6 +68,8 @@ class ControlPlaneExporter:
     """A :class:`~exporters.sinks.RecordSink` that delivers records to the control plane.
 
     ``transport`` replaces httpx's network transport (TLS settings, a mock in tests).
+    Unless ``exit_timeout_s`` is ``None``, an exporter still open at interpreter exit is
+    shut down then, flushing for at most that long.
     ``force_flush(timeout_s)`` sends at once (skipping a backoff wait) and returns ``True``
     once every record exported before the call has left the exporter — delivered, or
     dropped/rejected and counted — or ``False`` at the timeout. ``shutdown`` is
@@ -90,6 +93,7 @@ class ControlPlaneExporter:
         backoff_max_s: float = 5.0,
         registry: CollectorRegistry | None = None,
         transport: httpx.BaseTransport | None = None,
+        exit_timeout_s: float | None = 2.0,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
@@ -143,6 +147,9 @@ class ControlPlaneExporter:
             target=self._run, name=f"goodput-exporter-{self.exporter_id[:8]}", daemon=True
         )
         self._worker.start()
+        self.exit_timeout_s = exit_timeout_s
+        if exit_timeout_s is not None:  # like the OTel SDK's providers: flush at exit
+            atexit.register(self._shutdown_at_exit)
         if registry is not None:
             registry.register(ExporterStatsCollector(self.stats))
 
@@ -182,12 +189,17 @@ class ControlPlaneExporter:
                 return
             self._closed = True
             self._deadline = flush_end  # caps the timeout of the requests still to come
+        if self.exit_timeout_s is not None:
+            atexit.unregister(self._shutdown_at_exit)
         self.force_flush(max(0.0, flush_end - time.monotonic()))
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         # The worker counts what is left as dropped and closes the client as it exits.
         self._worker.join(max(0.0, end - time.monotonic()))
+
+    def _shutdown_at_exit(self) -> None:
+        self.shutdown(self.exit_timeout_s or 0.0)
 
     def stats(self) -> ControlPlaneExporterStats:
         with self._lock:

@@ -4,12 +4,16 @@ real HTTP on loopback."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
+from exporters._transport_queue import Backoff, retry_after_s, split_batches
 from exporters.recorder import RequestRecorder
 from exporters.records import RequestRecord, Vantage
 from exporters.transport import ControlPlaneExporter
@@ -19,6 +23,8 @@ if TYPE_CHECKING:
     from tests.integration.exporters.conftest import IngestServer, Receiver
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fast_exporter(url: str, **kwargs: object) -> ControlPlaneExporter:
@@ -167,6 +173,53 @@ def test_batches_are_cut_by_size_as_well_as_by_count(
     assert sorted(receiver.request_ids()) == [f"long-{i}" for i in range(6)]
     assert sorted(receiver.seqs) == list(range(6))  # one request per batch
     assert all(r.output_tokens == 200 for r in receiver.records)
+
+
+def test_an_exporter_left_open_flushes_at_interpreter_exit(
+    server: IngestServer, receiver: Receiver
+) -> None:
+    script = (
+        "from exporters.recorder import RequestRecorder\n"
+        "from exporters.records import Vantage\n"
+        "from exporters.transport import ControlPlaneExporter\n"
+        f"exporter = ControlPlaneExporter({server.url!r}, flush_interval_s=60.0)\n"
+        "recorder = RequestRecorder(Vantage.GATEWAY, exporter)\n"
+        "for i in range(3):\n"
+        "    recorder.start(f'exit-{i}').finish()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert sorted(receiver.request_ids()) == ["exit-0", "exit-1", "exit-2"]
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap_and_honours_retry_after() -> None:
+    draws = iter([0.0, 1.0, 0.5, 1.0, 1.0, 0.0])
+    backoff = Backoff(0.1, 1.0, rand=lambda: next(draws))
+    delays = [backoff.next_delay_s() for _ in range(5)]
+    assert delays == pytest.approx([0.05, 0.2, 0.3, 0.8, 1.0])  # [d/2, d], d = 0.1 * 2**k
+    assert backoff.next_delay_s(retry_after_s=3.0) == 1.0  # Retry-After, capped
+    backoff.reset()
+    assert backoff.attempt == 0
+    assert (retry_after_s("2.5"), retry_after_s(None), retry_after_s("-1")) == (2.5, None, None)
+    assert retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT") is None
+
+
+def test_split_batches_cuts_by_count_and_by_estimated_bytes() -> None:
+    short = [_record(f"s{i}") for i in range(5)]
+    assert [len(b) for b in split_batches(short, 2, 1 << 20)] == [2, 2, 1]
+    long = RequestRecord(
+        request_id="long",
+        vantage=Vantage.GATEWAY,
+        arrival_time_ns=1,
+        emission_offsets_us=np.arange(1000, dtype=np.int64),
+    )
+    assert [len(b) for b in split_batches([*short[:2], long, *short[2:]], 100, 2000)] == [
+        2,
+        1,
+        3,
+    ]
 
 
 def test_constructor_rejects_bad_settings() -> None:
