@@ -143,6 +143,8 @@ class ControlPlaneExporter:
         self._num_sent_batches = 0
         self._num_retries = 0
 
+        if registry is not None:  # first: a registry refusing it leaves nothing running
+            registry.register(ExporterStatsCollector(self.stats))
         self._worker = threading.Thread(
             target=self._run, name=f"goodput-exporter-{self.exporter_id[:8]}", daemon=True
         )
@@ -150,8 +152,6 @@ class ControlPlaneExporter:
         self.exit_timeout_s = exit_timeout_s
         if exit_timeout_s is not None:  # like the OTel SDK's providers: flush at exit
             atexit.register(self._shutdown_at_exit)
-        if registry is not None:
-            registry.register(ExporterStatsCollector(self.stats))
 
     # -- RecordSink --
 
