@@ -61,6 +61,7 @@ Attributes = dict[str, AttributeValue]
 SPAN_NAME = "llm_request"
 _SCOPE = "goodput.exporters"
 _US_PER_S = 1e6
+_MAX_CACHED_ATTRIBUTE_SETS = 4096
 
 
 class OTelExporter:
@@ -225,7 +226,8 @@ class OTelExporter:
                 attrs["gen_ai.request.model"] = model
             if status != Status.OK:
                 attrs["error.type"] = Status(status).name.lower()
-            self._attrs[key] = attrs
+            if len(self._attrs) < _MAX_CACHED_ATTRIBUTE_SETS:  # client-chosen models: bounded
+                self._attrs[key] = attrs
         return attrs
 
     def _record_metrics(self, batch: RecordBatch, lat: RequestLatencies) -> None:
