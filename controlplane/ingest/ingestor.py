@@ -1,0 +1,281 @@
+"""Applying decoded batches to the goodput engine: de-duplicated, whole, and counted.
+
+:class:`Ingestor` is the one door from the network to the engine. For a wire batch it
+checks ``(exporter_id, seq)`` (:mod:`controlplane.ingest.dedup`), applies the whole batch
+with one :meth:`GoodputEngine.ingest` call, and only then marks the pair as applied, all
+under one lock, so two copies of a batch racing on two connections count once. The work
+is per batch: a few numpy passes for the counts and the tenant check, no Python per record.
+
+Outcomes are counted by protocol (``wire``, ``otlp``) and exposed to Prometheus by
+:class:`IngestCollector`.
+
+Example::
+
+    ingestor = Ingestor(engine, Deduplicator())
+    header, batch = decode_any(body, content_type)
+    outcome = ingestor.apply(header, batch)       # IngestOutcome(duplicate=False, ...)
+    again = ingestor.apply(header, batch)         # duplicate=True, nothing applied
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from controlplane.goodput import GoodputEngine
+from controlplane.ingest.dedup import Deduplicator, SeqVerdict
+from exporters.records import RecordBatch
+from exporters.wire import BatchHeader
+
+__all__ = [
+    "OUTCOMES",
+    "PROTOCOLS",
+    "IngestCollector",
+    "IngestFailedError",
+    "IngestOutcome",
+    "Ingestor",
+    "StaleBatchError",
+    "TenantScopeError",
+    "check_tenant",
+]
+
+logger = logging.getLogger(__name__)
+
+PROTOCOLS = ("wire", "otlp")
+#: applied; duplicate (seen before, nothing applied); stale (below the de-duplication
+#: window, refused); rejected (bad input, nothing applied); failed (the engine raised).
+OUTCOMES = ("applied", "duplicate", "stale", "rejected", "failed")
+
+
+class StaleBatchError(ValueError):
+    """A ``seq`` below the exporter's de-duplication window (see the dedup module)."""
+
+
+class TenantScopeError(ValueError):
+    """A tenant-scoped key sent records labelled with another tenant."""
+
+
+class IngestFailedError(RuntimeError):
+    """The engine raised on a batch that passed validation: nothing was marked applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    """What one batch did. Counts are of what was *applied* (all 0 for a duplicate):
+    ``num_records`` rows, ``num_final`` final rows among them, ``num_emissions`` token
+    emissions, ``num_tokens`` output tokens."""
+
+    duplicate: bool
+    exporter_id: str
+    seq: int
+    num_records: int
+    num_final: int
+    num_emissions: int
+    num_tokens: int
+
+
+class _Counts:
+    """Plain integer counters (updated under the ingestor's lock, read at scrape time)."""
+
+    def __init__(self) -> None:
+        self.batches = {(p, o): 0 for p in PROTOCOLS for o in OUTCOMES}
+        self.records = dict.fromkeys(PROTOCOLS, 0)
+        self.tokens = dict.fromkeys(PROTOCOLS, 0)
+        self.bytes = dict.fromkeys(PROTOCOLS, 0)
+        self.spans = {"mapped": 0, "ignored": 0, "rejected": 0}
+
+
+class Ingestor:
+    """De-duplicates and applies batches to ``engine`` (see the module). Thread-safe."""
+
+    def __init__(self, engine: GoodputEngine, dedup: Deduplicator) -> None:
+        self.engine = engine
+        self.dedup = dedup
+        self._lock = threading.Lock()
+        self._counts = _Counts()
+        self._warned_stale: set[str] = set()
+
+    def apply(
+        self,
+        header: BatchHeader,
+        batch: RecordBatch,
+        *,
+        tenant: str | None = None,
+        num_bytes: int = 0,
+        validated: bool = True,
+    ) -> IngestOutcome:
+        """Apply a decoded wire batch once per ``(exporter_id, seq)``.
+
+        ``tenant``: the key's tenant scope (every record must carry it). ``validated``:
+        the batch came from the wire decoder, which validated it. Raises
+        :class:`StaleBatchError`, :class:`TenantScopeError`, :class:`IngestFailedError`.
+        """
+        check_tenant(batch, tenant)
+        with self._lock:
+            verdict = self.dedup.check(header.exporter_id, header.seq)
+            if verdict is SeqVerdict.STALE:
+                self._count("wire", "stale", num_bytes)
+                high = self.dedup.high_water_mark(header.exporter_id)
+                self._warn_stale(header.exporter_id, header.seq, high)
+                raise StaleBatchError(
+                    f"seq: {header.seq} of exporter {header.exporter_id!r} is below the "
+                    f"de-duplication window (highest seq applied {high}, window "
+                    f"{self.dedup.window}); an exporter that restarts must use a new "
+                    "exporter_id"
+                )
+            if verdict is SeqVerdict.DUPLICATE:
+                self._count("wire", "duplicate", num_bytes)
+                return IngestOutcome(True, header.exporter_id, header.seq, 0, 0, 0, 0)
+            outcome = self._ingest(batch, "wire", num_bytes, validated, header)
+            self.dedup.mark(header.exporter_id, header.seq)
+            return outcome
+
+    def apply_unsequenced(
+        self, batch: RecordBatch, *, tenant: str | None = None, num_bytes: int = 0
+    ) -> IngestOutcome:
+        """Apply an OTLP-mapped batch (no sequence numbers, so no de-duplication)."""
+        check_tenant(batch, tenant)
+        with self._lock:
+            return self._ingest(batch, "otlp", num_bytes, False, None)
+
+    def count_rejected(self, protocol: str, num_bytes: int = 0) -> None:
+        """Count a request refused before reaching :meth:`apply` (undecodable, too large)."""
+        with self._lock:
+            self._count(protocol, "rejected", num_bytes)
+
+    def count_spans(self, *, mapped: int, ignored: int, rejected: int) -> None:
+        with self._lock:
+            spans = self._counts.spans
+            spans["mapped"] += mapped
+            spans["ignored"] += ignored
+            spans["rejected"] += rejected
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus families of the counters (see :class:`IngestCollector`)."""
+        with self._lock:
+            counts = self._counts
+            batches = dict(counts.batches)
+            per_protocol = (dict(counts.records), dict(counts.tokens), dict(counts.bytes))
+            spans = dict(counts.spans)
+            dedup = self.dedup.stats()
+        family = CounterMetricFamily(
+            "goodput_ingest_batches",
+            "Batches received by protocol and outcome.",
+            labels=["protocol", "outcome"],
+        )
+        for (protocol, outcome), value in batches.items():
+            family.add_metric([protocol, outcome], value)
+        yield family
+        for (name, doc), values in zip(
+            (
+                ("goodput_ingest_records", "Request records applied to the goodput engine."),
+                ("goodput_ingest_tokens", "Output tokens (token timestamps) applied."),
+                ("goodput_ingest_received_bytes", "Request body bytes received."),
+            ),
+            per_protocol,
+            strict=True,
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["protocol"])
+            for protocol, value in values.items():
+                counter.add_metric([protocol], value)
+            yield counter
+        span_family = CounterMetricFamily(
+            "goodput_ingest_otlp_spans",
+            "OTLP spans received: mapped to records, ignored (not llm_request), rejected.",
+            labels=["outcome"],
+        )
+        for outcome, value in spans.items():
+            span_family.add_metric([outcome], value)
+        yield span_family
+        yield GaugeMetricFamily(
+            "goodput_ingest_dedup_exporters",
+            "Exporters whose batch sequence the receiver tracks for de-duplication.",
+            value=dedup.num_exporters,
+        )
+        yield CounterMetricFamily(
+            "goodput_ingest_dedup_evicted",
+            "Exporters evicted from de-duplication tracking (least recently seen first).",
+            value=dedup.num_evicted,
+        )
+
+    # -- internals (lock held) ----------------------------------------------------------
+
+    def _ingest(
+        self,
+        batch: RecordBatch,
+        protocol: str,
+        num_bytes: int,
+        validated: bool,
+        header: BatchHeader | None,
+    ) -> IngestOutcome:
+        try:
+            self.engine.ingest(batch, validate=not validated)
+        except Exception as exc:
+            self._count(protocol, "failed", num_bytes)
+            logger.exception(
+                "goodput engine failed on a %s batch of %d records", protocol, len(batch)
+            )
+            raise IngestFailedError(
+                f"the goodput engine failed on this batch ({type(exc).__name__}); "
+                "nothing was marked applied, retry later"
+            ) from exc
+        num_tokens = int(batch.emission_tokens.sum(dtype=np.int64))
+        counts = self._counts
+        self._count(protocol, "applied", num_bytes)
+        counts.records[protocol] += len(batch)
+        counts.tokens[protocol] += num_tokens
+        return IngestOutcome(
+            duplicate=False,
+            exporter_id=header.exporter_id if header else "",
+            seq=header.seq if header else 0,
+            num_records=len(batch),
+            num_final=int(np.count_nonzero(batch.final)),
+            num_emissions=batch.num_emissions,
+            num_tokens=num_tokens,
+        )
+
+    def _count(self, protocol: str, outcome: str, num_bytes: int) -> None:
+        self._counts.batches[(protocol, outcome)] += 1
+        self._counts.bytes[protocol] += num_bytes
+
+    def _warn_stale(self, exporter_id: str, seq: int, high: int | None) -> None:
+        if exporter_id in self._warned_stale or len(self._warned_stale) >= 1000:
+            return  # de-duplicated: once per exporter, bounded
+        self._warned_stale.add(exporter_id)
+        logger.warning(
+            "refusing stale batch seq=%d of exporter %r (highest applied %s): the exporter "
+            "probably restarted under the same exporter_id",
+            seq,
+            exporter_id,
+            high,
+        )
+
+
+def check_tenant(batch: RecordBatch, tenant: str | None) -> None:
+    """Raise :class:`TenantScopeError` unless every record's ``tenant`` label is ``tenant``
+    (no check when ``tenant`` is ``None``). One vectorised compare on the codes."""
+    if tenant is None or not len(batch):
+        return
+    column = batch.labels["tenant"]
+    used = [column.values[c] for c in np.unique(column.codes).tolist()]
+    others = [value for value in used if value != tenant]
+    if others:
+        raise TenantScopeError(
+            f"labels.tenant: this key is scoped to tenant {tenant!r}; the batch has records "
+            f"labelled {others[0]!r}"
+        )
+
+
+class IngestCollector:
+    """A Prometheus collector over an :class:`Ingestor`'s counters (read at scrape time)."""
+
+    def __init__(self, ingestor: Ingestor) -> None:
+        self._ingestor = ingestor
+
+    def collect(self) -> Iterator[Metric]:
+        return self._ingestor.collect()
