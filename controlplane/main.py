@@ -30,9 +30,20 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, FastAPI
 
 from controlplane.api.auth import assert_routes_guarded
-from controlplane.api.routes import audit, fleet, health, keys, slos
+from controlplane.api.routes import (
+    audit,
+    fleet,
+    goodput,
+    health,
+    ingest,
+    keys,
+    metrics,
+    otlp,
+    slos,
+)
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
+from controlplane.live import app_registry, live_lifespan
 from controlplane.schemas.common import ERROR_RESPONSES
 from controlplane.settings import Settings
 
@@ -61,7 +72,8 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         app.state.sessions = session_factory(engine)
         try:
             async with AsyncExitStack() as stack:
-                for extra in lifespans:
+                # The live goodput engine first: later lifespans may use app.state.live.
+                for extra in (live_lifespan, *lifespans):
                     await stack.enter_async_context(extra(app))
                 yield
         finally:
@@ -78,13 +90,18 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         docs_url="/docs",
     )
     app.state.settings = settings
+    app.state.metrics_registry = app_registry()
     install_error_handlers(app)
     app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.include_router(otlp.router)
     api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
     api.include_router(slos.router)
     api.include_router(keys.router)
     api.include_router(audit.router)
     api.include_router(fleet.router)
+    api.include_router(ingest.router)
+    api.include_router(goodput.router)
     app.include_router(api)
     return app
 

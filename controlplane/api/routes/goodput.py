@@ -1,0 +1,239 @@
+"""Goodput queries, SLO dry runs and the live SSE stream (role ``viewer``).
+
+* ``GET /api/v1/slos/{id_or_name}/goodput?window=5m`` — one SLO's :class:`GoodputStatsPublic`;
+* ``GET /api/v1/goodput?window=1m`` — every SLO the key may see;
+* ``POST /api/v1/slos:dry-run`` — a candidate SLO (an ``SLOCreate`` body) judged over the
+  last ``window_s`` (at most 1 h) of stored requests, without saving anything. A read, so
+  ``viewer`` may run it;
+* ``GET /api/v1/goodput/stream`` — Server-Sent Events: one ``event: goodput`` per
+  ``goodput_stream_interval_s`` (1 s) with every SLO's stats over 10 s, 1 min and 5 min;
+  it ends when the client goes away or the app shuts down.
+
+``window`` is one of ``10s``, ``1m``, ``5m``, ``1h``, ``1d``, ``compliance`` (the SLO's own
+window); anything else is a 400 naming them. A key scoped to a tenant sees only SLOs whose
+selector has that tenant, and may dry-run only such SLOs. The numbers are the engine's
+(``controlplane.goodput``): attainment and counts exact, percentiles within the sketch's 1 %.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.api.deps import SessionDep, Viewer
+from controlplane.api.routes._params import Ref
+from controlplane.errors import ForbiddenError, InvalidInputError, NotFoundError
+from controlplane.goodput import (
+    COMPLIANCE,
+    STANDARD_WINDOWS,
+    GoodputEngine,
+    GoodputStats,
+    SpecError,
+    UnknownSLOError,
+)
+from controlplane.live import LiveGoodput
+from controlplane.models import SLO
+from controlplane.schemas.common import ErrorPublic, Interval, WireModel, responses
+from controlplane.schemas.slo import SLOCreate
+from controlplane.services import slos as slo_service
+
+__all__ = ["STREAM_WINDOWS", "WINDOWS", "GoodputStatsPublic", "GoodputsPublic", "router"]
+
+router = APIRouter(tags=["goodput"])
+
+WINDOWS: tuple[str, ...] = (*STANDARD_WINDOWS, COMPLIANCE)
+STREAM_WINDOWS: tuple[str, ...] = ("10s", "1m", "5m")
+MAX_DRY_RUN_WINDOW_S = 3600.0
+_BAD_WINDOW: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorPublic, "description": "Unknown window name"}
+}
+WindowQuery = Annotated[str, Query(max_length=20, description=f"one of {list(WINDOWS)}")]
+
+
+class LatencyPercentilesPublic(BaseModel):
+    """p50/p90/p99 in seconds (within 1 %); ``null`` when the window holds no value."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+
+class GoodputStatsPublic(BaseModel):
+    """One SLO over one window ending at ``time`` (Unix seconds); see
+    ``controlplane.goodput.GoodputStats`` for each field's exact definition."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    slo_id: str
+    slo_name: str
+    window_s: float
+    time: float
+    duration_s: float
+    requests: int
+    good: int
+    bad: int
+    errors: int
+    aborted: int
+    admitted: int
+    rejected: int
+    output_tokens: int
+    good_output_tokens: int
+    goodput_rps: float
+    good_output_tokens_per_s: float
+    throughput_rps: float
+    output_tokens_per_s: float
+    attainment_ratio: float | None
+    burn_rate: float | None
+    error_budget_remaining_ratio: float
+    availability_ratio: float | None
+    violations: dict[str, int]
+    ttft: LatencyPercentilesPublic
+    tpot: LatencyPercentilesPublic
+    itl: LatencyPercentilesPublic
+    e2el: LatencyPercentilesPublic
+    in_flight: int
+
+
+class GoodputsPublic(BaseModel):
+    data: list[GoodputStatsPublic]
+    count: int
+
+
+class SLODryRun(WireModel):
+    """A candidate SLO and how far back to judge it (seconds, at most one hour)."""
+
+    slo: SLOCreate
+    window_s: Annotated[float, Interval(0, MAX_DRY_RUN_WINDOW_S, low_open=True)] = Field(
+        default=MAX_DRY_RUN_WINDOW_S
+    )
+
+
+def _public(stats: GoodputStats) -> GoodputStatsPublic:
+    return GoodputStatsPublic.model_validate(stats)
+
+
+def _window(window: str) -> str:
+    if window not in WINDOWS:
+        raise HTTPException(400, f"window must be one of {list(WINDOWS)}, got {window!r}")
+    return window
+
+
+def _live(request: Request) -> LiveGoodput:
+    live: LiveGoodput = request.app.state.live
+    return live
+
+
+def _visible(selector: Mapping[str, str], tenant: str | None) -> bool:
+    return tenant is None or selector.get("tenant") == tenant
+
+
+@router.get("/slos/{slo_ref}/goodput", responses={**_BAD_WINDOW, **responses(404)})
+async def slo_goodput(
+    principal: Viewer, session: SessionDep, request: Request, slo_ref: Ref, window: WindowQuery
+) -> GoodputStatsPublic:
+    """The SLO's goodput, attainment, error budget, burn rate and latency percentiles."""
+    name = _window(window)
+    slo = await slo_service.get_slo(session, slo_ref, tenant=principal.tenant)
+    live = _live(request)
+    slo_id = str(slo.id)
+    spec = live.spec(slo_id)
+    if spec is None or spec.version != slo.version:
+        await live.refresh_slos(force=True)  # read-your-writes for a just-changed SLO
+    try:
+        stats = await run_in_threadpool(live.engine.query, slo_id, name)
+    except UnknownSLOError:  # deleted between the read and the query
+        raise NotFoundError(f"SLO with id {slo_id!r} not found") from None
+    return _public(stats)
+
+
+@router.get("/goodput", responses=_BAD_WINDOW)
+async def all_goodput(principal: Viewer, request: Request, window: WindowQuery) -> GoodputsPublic:
+    """Every SLO's stats over ``window``, in the engine's order (by name)."""
+    name = _window(window)
+    live = _live(request)
+    visible = {s.id for s in live.engine.slos if _visible(s.selector, principal.tenant)}
+    stats = await run_in_threadpool(live.engine.summary, None, name)
+    data = [_public(s) for s in stats if s.slo_id in visible]
+    return GoodputsPublic(data=data, count=len(data))
+
+
+@router.post("/slos:dry-run", responses=responses(403))
+async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> GoodputStatsPublic:
+    """What the candidate SLO would have measured over the last ``window_s`` seconds."""
+    candidate = body.slo
+    selector = candidate.selector.model_dump(exclude_none=True)
+    if not _visible(selector, principal.tenant):
+        raise ForbiddenError(
+            f"this key is scoped to tenant {principal.tenant!r}: slo.selector.tenant must be "
+            f"{principal.tenant!r}, got {selector.get('tenant')!r}"
+        )
+    # A transient row (never added to a session) so the one registry → spec mapping is used.
+    row = SLO(
+        id=uuid.uuid4(),
+        name=candidate.name,
+        selector=selector,
+        objectives=[o.model_dump() for o in candidate.objectives],
+        target=candidate.target,
+        window_s=candidate.window_s,
+        vantage=candidate.vantage,
+        availability_target=candidate.availability_target,
+        version=1,
+    )
+    try:
+        spec = slo_service.to_spec(row)
+        stats = await run_in_threadpool(_live(request).engine.dry_run, spec, body.window_s)
+    except SpecError as exc:
+        raise InvalidInputError(str(exc), loc=("body", "slo")) from None
+    return _public(stats)
+
+
+def _snapshot(engine: GoodputEngine, now: float, tenant: str | None) -> dict[str, Any]:
+    """Every visible SLO's stats over the stream windows, JSON-ready (worker thread)."""
+    visible = {s.id for s in engine.slos if _visible(s.selector, tenant)}
+    slos: dict[str, dict[str, Any]] = {}
+    for window in STREAM_WINDOWS:
+        for stats in engine.summary(now, window):
+            if stats.slo_id not in visible:
+                continue
+            entry = slos.setdefault(
+                stats.slo_id, {"slo_id": stats.slo_id, "slo_name": stats.slo_name, "windows": {}}
+            )
+            entry["windows"][window] = _public(stats).model_dump(mode="json")
+    return {"time": now, "slos": list(slos.values())}
+
+
+async def _events(live: LiveGoodput, tenant: str | None, interval_s: float) -> AsyncIterator[str]:
+    yield f"retry: {int(interval_s * 3000)}\n\n"
+    while not live.stopping.is_set():
+        payload = await run_in_threadpool(_snapshot, live.engine, live.clock(), tenant)
+        yield f"event: goodput\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+        try:
+            await asyncio.wait_for(live.stopping.wait(), timeout=interval_s)
+        except TimeoutError:
+            continue
+
+
+@router.get(
+    "/goodput/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
+)
+async def goodput_stream(principal: Viewer, request: Request) -> StreamingResponse:
+    """``event: goodput`` once a second: ``{"time", "slos": [{"slo_id", "slo_name",
+    "windows": {"10s": stats, "1m": stats, "5m": stats}}]}``."""
+    interval_s: float = request.app.state.settings.goodput_stream_interval_s
+    return StreamingResponse(
+        _events(_live(request), principal.tenant, interval_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
