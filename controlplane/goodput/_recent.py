@@ -2,7 +2,7 @@
 
 Each row keeps what a verdict needs without the token times: finish time, vantage,
 status, label codes (one engine-wide dictionary per label key), TTFT, TPOT, E2EL, the
-largest ITL gap, a few per-request ITL percentiles and the output tokens — 96 bytes with
+largest ITL gap, a few per-request ITL percentiles and the output tokens — 102 bytes with
 the default four percentiles. Rows live in fixed-size chunks; the oldest chunk goes when
 the store holds more than ``cap_rows`` rows (counted as evicted) or when all its rows are
 older than ``retention_s`` (expired, not counted).
