@@ -347,3 +347,19 @@ def test_summary_of_many_slos_is_cheap_and_complete() -> None:
     summary = engine.summary()
     assert [s.requests for s in summary] == [10] * 20
     assert all(math.isclose(s.attainment_ratio or 0, 1.0) for s in summary)
+
+
+def test_empty_partial_only_and_tokenless_batches() -> None:
+    engine, _ = engine_with()
+    engine.ingest(RecordBatch.empty())
+    engine.ingest(RecordBatch.from_records([make_record("p", (T0 - 1) * US, final=False)]))
+    engine.ingest(
+        RecordBatch.from_records(
+            [make_record("t", (T0 - 1) * US, ttft_us=-1, detail=TokenDetail.SUMMARY)]
+        )
+    )
+    stats = engine.query("s1", "1m")
+    assert (stats.requests, stats.good, stats.in_flight, stats.output_tokens) == (1, 1, 1, 0)
+    assert stats.ttft.p50_s is None  # no token: TTFT undefined, not in the sketch
+    assert stats.e2el.p50_s == pytest.approx(0.05, rel=0.01)  # FINISHED phase
+    assert engine.health().records == 2
