@@ -15,7 +15,11 @@
   Prometheus registry (engine, ingest and process metrics; never the global registry).
 
 The loop is one asyncio task stopped by an ``asyncio.Event`` (:attr:`stopping`, which the
-SSE stream watches too). Engine work runs in worker threads (the engine is thread-safe).
+SSE streams watch too). ASGI servers such as uvicorn drain open connections *before* the
+lifespan shutdown, so an open SSE stream would hold a graceful shutdown up for good: the
+lifespan therefore chains a handler in front of the server's SIGINT/SIGTERM handlers that
+sets :attr:`stopping` as soon as shutdown begins (main thread only; the server's own
+handler then runs as before). Engine work runs in worker threads (the engine is thread-safe).
 One replica owns the engine: ingest is not sharded between control-plane processes.
 
 Example::
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -50,7 +56,13 @@ from controlplane.models import SLO, GoodputRollup
 from controlplane.services.slos import live_specs
 from controlplane.settings import Settings
 
-__all__ = ["MAX_PENDING_ROLLUPS", "LiveGoodput", "app_registry", "live_lifespan"]
+__all__ = [
+    "MAX_PENDING_ROLLUPS",
+    "LiveGoodput",
+    "app_registry",
+    "chain_exit_signals",
+    "live_lifespan",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +349,38 @@ async def live_lifespan(app: FastAPI) -> AsyncIterator[None]:
     live = LiveGoodput(app.state.sessions, app.state.settings, registry=registry)
     await live.start()
     app.state.live = live
+    loop = asyncio.get_running_loop()
+    restore = chain_exit_signals(lambda: loop.call_soon_threadsafe(live.stopping.set))
     try:
         yield
     finally:
+        restore()
         await live.stop()
+
+
+def chain_exit_signals(callback: Callable[[], object]) -> Callable[[], None]:
+    """Run ``callback`` before the current SIGINT/SIGTERM handlers (the server's graceful
+    shutdown), and return a function that puts those handlers back. Does nothing outside
+    the main thread (signals are delivered there only) or for a signal without a Python
+    handler (its default already ends the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    installed: dict[int, tuple[object, object]] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: object, previous: Callable[..., object] = previous) -> None:
+            callback()
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
+        installed[sig] = (handler, previous)
+
+    def restore() -> None:
+        for sig, (handler, previous) in installed.items():
+            if signal.getsignal(sig) is handler:  # unless someone replaced it since
+                signal.signal(sig, previous)  # type: ignore[arg-type]
+
+    return restore
