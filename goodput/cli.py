@@ -5,6 +5,7 @@
     goodput admin create-key --role ROLE [--name N] [--tenant T]
     goodput slo apply -f FILE.yaml
     goodput slo list [--include-deleted]
+    goodput demo [--duration S]  (docs/demo.md)
 
 Settings come from ``GOODPUT_*`` environment variables (``controlplane.settings``);
 ``--database-url`` overrides ``GOODPUT_DATABASE_URL``. Commands that touch the database use
@@ -30,6 +31,7 @@ from controlplane.models import Role
 from controlplane.services import keys as key_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
+from goodput.demo import demo as demo_command
 
 __all__ = ["app", "main"]
 
@@ -50,6 +52,7 @@ app.add_typer(controlplane_app, name="controlplane")
 app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(slo_app, name="slo")
+app.command("demo")(demo_command)
 
 
 @app.callback()
