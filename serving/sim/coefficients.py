@@ -30,6 +30,7 @@ __all__ = [
     "ProfileFit",
     "StepCurve",
     "committed_calibration",
+    "profile_name",
 ]
 
 F64 = npt.NDArray[np.float64]
@@ -83,10 +84,17 @@ class StepCurve:
         return out
 
 
+def profile_name(gpu: str, model: str, tensor_parallel: int) -> str:
+    """``h100-llama3.1-8b``, ``h100-llama3.1-70b-tp4``: tp1 carries no suffix."""
+    short = model.replace("llama-", "llama", 1)
+    return f"{gpu}-{short}" + (f"-tp{tensor_parallel}" if tensor_parallel > 1 else "")
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileFit:
-    """One (GPU, model, tensor parallelism) profile: its prefill and decode curves, their
-    fit errors, the largest ``x`` the profile points cover, and where the points came from."""
+    """One (GPU, model, tensor parallelism) profile, named by :func:`profile_name`: its
+    prefill and decode curves, their fit errors, the largest ``x`` the profile points
+    cover, and where the points came from."""
 
     name: str
     gpu: str

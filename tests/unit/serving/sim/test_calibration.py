@@ -15,18 +15,15 @@ import pytest
 
 from serving.sim import LatencyModel, get_profile, kv_capacity_tokens
 from serving.sim._render import REPORT_BEGIN, REPORT_END, render_report, render_table
-from serving.sim.calibration import (
-    LAYER_SOURCES,
+from serving.sim._splitwise import (
     SPLITWISE_CSV,
     SPLITWISE_EXCLUDED,
     SPLITWISE_MODEL,
-    LayerSource,
-    build_calibration,
-    layer_steps,
-    profile_name,
     splitwise_samples,
+    splitwise_tp,
 )
-from serving.sim.coefficients import Calibration, FitError, committed_calibration
+from serving.sim.calibration import LAYER_SOURCES, LayerSource, build_calibration, layer_steps
+from serving.sim.coefficients import Calibration, FitError, committed_calibration, profile_name
 from serving.sim.fitting import Samples, held_out
 from serving.sim.models import get_model
 from serving.sim.profiles import read_layers_csv, read_splitwise_csv
@@ -94,11 +91,7 @@ def test_llmservingsim_points_are_reproduced_within_the_stated_error(source: Lay
 def test_splitwise_points_are_reproduced_within_the_stated_error(tp: int) -> None:
     name, hardware, model_name = SPLITWISE_MODEL
     rows = read_splitwise_csv(PROFILES / SPLITWISE_CSV, name, hardware)
-    keep = rows.tensor_parallel == tp
-    for ex_tp, ex_batch in SPLITWISE_EXCLUDED:
-        if ex_tp == tp:
-            keep &= rows.batch_size != ex_batch
-    prefill, decode = splitwise_samples(rows.select(keep))
+    prefill, decode = splitwise_samples(splitwise_tp(rows, tp))
     model = LatencyModel.for_profile(profile_name("h100", model_name, tp))
     assert_within(
         model.prefill_batches_s(prefill.x.astype(np.int64), prefill.w.astype(np.int64)),
@@ -111,9 +104,14 @@ def test_splitwise_points_are_reproduced_within_the_stated_error(tp: int) -> Non
     assert model.profile.prefill_fit.mape < 0.10 and model.profile.decode_fit.mape < 0.03
 
 
-def test_the_excluded_configurations_are_named_with_a_reason() -> None:
+def test_the_excluded_configurations_are_named_with_a_reason_and_left_out() -> None:
     assert set(SPLITWISE_EXCLUDED) == {(2, 64)}
     assert "preempted" in SPLITWISE_EXCLUDED[(2, 64)]
+    name, hardware, _ = SPLITWISE_MODEL
+    rows = read_splitwise_csv(PROFILES / SPLITWISE_CSV, name, hardware)
+    assert 64 in rows.select(rows.tensor_parallel == 2).batch_size
+    assert 64 not in splitwise_tp(rows, 2).batch_size
+    assert 64 in splitwise_tp(rows, 4).batch_size
 
 
 def test_llama31_70b_on_one_gpu_is_not_a_profile_because_it_does_not_fit() -> None:

@@ -1,10 +1,12 @@
-"""Least-squares fitting of step curves: recovery of known curves, hold-out, monotonicity."""
+"""Least-squares fitting of step curves: recovery of known curves, hold-out, monotonicity,
+and the fit of a measured step-sample profile."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from serving.sim.calibration import MeasuredSource, fit_measured
 from serving.sim.coefficients import StepCurve
 from serving.sim.fitting import (
     FitFailedError,
@@ -15,6 +17,7 @@ from serving.sim.fitting import (
     held_out,
     significant,
 )
+from serving.sim.profiles import format_step_csv, parse_step_csv
 
 TRUE = StepCurve(
     base_s=0.008, per_unit_s=2e-5, knee=300, per_unit_above_knee_s=1e-5, per_attention_unit_s=2e-9
@@ -101,3 +104,21 @@ def test_samples_reject_inconsistent_columns() -> None:
 def test_significant_rounds_to_six_digits() -> None:
     assert significant(0.001234567891) == 0.00123457
     assert significant(123456789.0) == 123457000.0
+
+
+def test_a_measured_profile_fits_both_curves_with_the_context_term() -> None:
+    prefill_curve = StepCurve(0.01, 1e-4, 128, 5e-5, 1e-8)
+    decode_curve = StepCurve(0.02, 1e-3, 0, 0.0, 4e-7)
+    rows: list[tuple[str, int, int, int, int, float]] = []
+    for n in (16, 32, 64, 128, 256, 512, 1024):
+        time_s = float(prefill_curve.seconds(np.array(n), np.array(n * n)))
+        rows.append(("prefill", 1, n, n * n, 0, time_s))
+    for b in (1, 2, 4, 8):
+        for per_seq in (100, 400, 1600):
+            time_s = float(decode_curve.seconds(np.array(b), np.array(b * per_seq)))
+            rows.append(("decode", b, b, 0, b * per_seq, time_s))
+    prefill, decode = parse_step_csv(format_step_csv(rows))
+    fit = fit_measured(MeasuredSource("cpu", "llama-3.1-8b", 1, "cpu/steps.csv"), prefill, decode)
+    assert fit.name == "cpu-llama3.1-8b" and fit.source == "measured cpu/steps.csv"
+    assert (fit.prefill, fit.decode) == (prefill_curve, decode_curve)
+    assert fit.prefill_fit.max_error < 1e-5 and fit.decode_fit.max_error < 1e-5
