@@ -72,6 +72,15 @@ class StepCurve:
             if not value >= 0:  # also rejects NaN
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
 
+    def at(self, x: float, w: float) -> float:
+        """The curve at one point, in seconds (the same arithmetic as :meth:`seconds`)."""
+        return (
+            self.base_s
+            + self.per_unit_s * x
+            + self.per_unit_above_knee_s * max(x - self.knee, 0.0)
+            + self.per_attention_unit_s * w
+        )
+
     def seconds(self, x: F64, w: F64) -> F64:
         """The curve at arrays ``x`` and ``w`` (broadcast), in seconds."""
         above = np.maximum(x - self.knee, 0.0)

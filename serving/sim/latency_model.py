@@ -22,7 +22,9 @@ Example::
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +58,10 @@ def _counts(name: str, values: IntArrayLike | int, minimum: int) -> F64:
     if array.dtype.kind not in "iuf":
         raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
     as_float = array.astype(np.float64)
-    if not np.all(np.isfinite(as_float)) or np.any(as_float != np.floor(as_float)):
+    whole = array.dtype.kind != "f" or (
+        np.all(np.isfinite(as_float)) and np.all(as_float == np.floor(as_float))
+    )
+    if not whole:
         raise ValueError(f"{name} must hold whole numbers, got {array.tolist()!r:.80}")
     if as_float.size and float(as_float.min()) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {float(as_float.min()):g}")
@@ -107,9 +112,7 @@ class LatencyModel:
         lens = _counts("prompt_lens", prompt_lens, 1)
         if lens.ndim != 1 or lens.size == 0:
             raise ValueError(f"prompt_lens must be a non-empty 1-D array, got shape {lens.shape}")
-        tokens = np.array([lens.sum()])
-        pairs = np.array([np.square(lens).sum()])
-        return float(self.profile.prefill.seconds(tokens, pairs)[0])
+        return self.profile.prefill.at(float(lens.sum()), float(np.square(lens).sum()))
 
     def prefill_batches_s(self, num_tokens: IntArrayLike, sum_sq_tokens: IntArrayLike) -> F64:
         """Seconds of many prefill steps at once: step ``i`` holds ``num_tokens[i]`` prompt
@@ -125,10 +128,16 @@ class LatencyModel:
             raise ValueError("sum_sq_tokens must be in [num_tokens, num_tokens²] per step")
         return self.profile.prefill.seconds(tokens, pairs)
 
-    def decode_step_s(self, batch_size: int, total_context: int) -> float:
+    def decode_step_s(self, batch_size: SupportsIndex, total_context: SupportsIndex) -> float:
         """Seconds of one decode step of ``batch_size`` sequences (``>= 1``) whose KV caches
-        hold ``total_context`` tokens together (``>= 0``)."""
-        return float(self.decode_steps_s(np.array([batch_size]), np.array([total_context]))[0])
+        hold ``total_context`` tokens together (``>= 0``). Pure Python: a simulator calls
+        it once per step."""
+        batch, context = operator.index(batch_size), operator.index(total_context)
+        if batch < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch}")
+        if context < 0:
+            raise ValueError(f"total_context must be >= 0, got {context}")
+        return self.profile.decode.at(float(batch), float(context))
 
     def decode_steps_s(self, batch_size: IntArrayLike, total_context: IntArrayLike) -> F64:
         """:meth:`decode_step_s` over arrays of equal shape, one element per step."""

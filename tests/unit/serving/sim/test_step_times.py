@@ -133,6 +133,9 @@ def test_bad_steps_are_refused() -> None:
         model.decode_step_s(0, 10)
     with pytest.raises(ValueError, match=r"^total_context must be >= 0, got -1$"):
         model.decode_step_s(1, -1)
+    with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
+        model.decode_step_s(1.5, 10)  # type: ignore[arg-type]
+    assert model.decode_step_s(np.int64(4), np.int64(100)) == model.decode_step_s(4, 100)
     with pytest.raises(ValueError, match=r"^batch_size and total_context must have one shape"):
         model.decode_steps_s(np.array([1, 2]), np.array([10]))
     with pytest.raises(ValueError, match=r"^num_tokens and sum_sq_tokens must have one shape"):
