@@ -5,7 +5,8 @@
 ``ENGINE`` (unless ``goodput.vantage`` says otherwise) and arrival = span start:
 
 * a span with :data:`TOKEN_EVENT` events gives ``FULL`` detail: one emission per event at
-  its time (``goodput.tokens`` tokens, default 1), so ITL is defined;
+  its time (one token each, or ``goodput.tokens`` when the completion count says some
+  carried more), so ITL is defined;
 * otherwise ``SUMMARY`` detail from the attributes: emissions at TTFT and E2EL carrying 1 and
   n − 1 tokens (n = ``gen_ai.usage.completion_tokens``); one emission when n = 1, none when
   n = 0 (E2EL then comes from the finish phase).
@@ -165,7 +166,7 @@ class _Rows:
     prompt_tokens: list[int] = field(default_factory=list)
     phases: list[list[int]] = field(default_factory=list)
     num_emissions: list[int] = field(default_factory=list)
-    emission_ns: list[int] = field(default_factory=list)  # ns after the span start
+    emission_time_ns: list[int] = field(default_factory=list)  # absolute, Unix ns
     emission_tokens: list[int] = field(default_factory=list)
     span_index: list[int] = field(default_factory=list)
 
@@ -217,18 +218,19 @@ def _vantage(attrs: Mapping[str, Any]) -> Vantage:
     return attr.VANTAGE_NAMES[name]
 
 
-def _token_events(span: Any) -> tuple[list[int], list[int]]:
-    """Times (ns after span start) and token counts of the span's token events."""
-    events = [e for e in span.events if e.name == attr.TOKEN_EVENT]
-    if not events:
-        return [], []
-    start = span.start_time_unix_nano
-    times = [e.time_unix_nano - start for e in events]
-    if any(len(e.attributes) for e in events):
-        tokens = [_event_tokens(e) for e in events]
-    else:
-        tokens = [1] * len(events)
-    return times, tokens
+def _token_events(span: Any, completion: float | None) -> tuple[list[int], list[int]]:
+    """Times (Unix ns) and token counts of the span's token events.
+
+    The per-token cost is one comprehension (name test, time read). Events are read again
+    for their ``goodput.tokens`` only when ``completion`` (the span's completion tokens)
+    differs from the number of events, i.e. when some event carries several tokens.
+    """
+    token = attr.TOKEN_EVENT
+    events = span.events
+    times = [e.time_unix_nano for e in events if e.name == token]
+    if completion is None or completion == len(times):
+        return times, [1] * len(times)
+    return times, [_event_tokens(e) for e in events if e.name == token]
 
 
 def _event_tokens(event: Any) -> int:
@@ -243,15 +245,17 @@ def _event_tokens(event: Any) -> int:
     return 1
 
 
-def _summary_emissions(ttft_s: float | None, e2e_s: float, n: int) -> tuple[list[int], list[int]]:
+def _summary_emissions(
+    start_ns: int, ttft_s: float | None, e2e_s: float, n: int
+) -> tuple[list[int], list[int]]:
     if n == 0:
         return [], []
     if ttft_s is None:
         raise ValueError(f"{attr.ATTR_TTFT} is missing for a request with {n} output tokens")
-    first = round(ttft_s * 1e9)
+    first = start_ns + round(ttft_s * 1e9)
     if n == 1:
         return [first], [1]
-    return [first, round(e2e_s * 1e9)], [1, n - 1]
+    return [first, start_ns + round(e2e_s * 1e9)], [1, n - 1]
 
 
 def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
@@ -267,14 +271,14 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
             raise ValueError(f"{key} must be >= 0 seconds, got {value}")
     if ttft_s is not None and e2e_s is not None and ttft_s > e2e_s:
         raise ValueError(f"{attr.ATTR_TTFT} {ttft_s} exceeds {attr.ATTR_E2E} {e2e_s}")
-    times, tokens = _token_events(span)
+    completion = attr.number(attrs, attr.ATTR_COMPLETION_TOKENS)
+    times, tokens = _token_events(span, completion)
     if times:
         detail = TokenDetail.FULL
         if e2e_s is None and span.end_time_unix_nano >= span.start_time_unix_nano:
             e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     else:
         detail = TokenDetail.SUMMARY
-        completion = attr.number(attrs, attr.ATTR_COMPLETION_TOKENS)
         if e2e_s is None or completion is None:
             missing = attr.ATTR_E2E if e2e_s is None else attr.ATTR_COMPLETION_TOKENS
             raise ValueError(f"{missing} is missing (and the span has no token events)")
@@ -282,7 +286,9 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
             raise ValueError(
                 f"{attr.ATTR_COMPLETION_TOKENS} must be an integer >= 0, got {completion}"
             )
-        times, tokens = _summary_emissions(ttft_s, e2e_s, int(completion))
+        times, tokens = _summary_emissions(
+            span.start_time_unix_nano, ttft_s, e2e_s, int(completion)
+        )
     prompt = attr.number(attrs, attr.ATTR_PROMPT_TOKENS) or 0.0
     if prompt < 0 or not prompt.is_integer() or prompt >= 2**31:
         raise ValueError(f"{attr.ATTR_PROMPT_TOKENS} must be an integer >= 0, got {prompt}")
@@ -306,7 +312,7 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
     rows.prompt_tokens.append(int(prompt))
     rows.phases.append(_phases(attrs, ttft_s if detail is TokenDetail.SUMMARY else None, e2e_s))
     rows.num_emissions.append(len(times))
-    rows.emission_ns.extend(times)
+    rows.emission_time_ns.extend(times)
     rows.emission_tokens.extend(tokens)
     rows.span_index.append(index)
 
@@ -330,12 +336,15 @@ def _to_batch(rows: _Rows) -> tuple[RecordBatch, np.ndarray]:
     n = len(rows.request_ids)
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.asarray(rows.num_emissions, dtype=np.int64), out=starts[1:])
-    offsets_us = np.asarray(rows.emission_ns, dtype=np.int64) // 1000
+    counts = np.diff(starts)
+    arrival_ns = np.asarray(rows.arrival_ns, dtype=np.int64)
+    times_ns = np.asarray(rows.emission_time_ns, dtype=np.int64)
+    offsets_us = (times_ns - np.repeat(arrival_ns, counts)) // 1000
     bad = _bad_rows(offsets_us, starts)
     batch = RecordBatch(
         request_ids=rows.request_ids,
         vantage=np.asarray(rows.vantage, dtype=np.uint8),
-        arrival_time_ns=np.asarray(rows.arrival_ns, dtype=np.int64),
+        arrival_time_ns=arrival_ns,
         labels={k: LabelColumn.encode(v) for k, v in rows.labels.items()},
         status=np.asarray(rows.status, dtype=np.uint8),
         reason=LabelColumn.encode(rows.reason),

@@ -10,8 +10,10 @@ ints): ``gen_ai.latency.time_to_first_token``, ``gen_ai.latency.e2e``,
 vLLM span gives TTFT, TPOT and E2EL but no ITL.
 
 A span that also carries one event per emission (name :data:`TOKEN_EVENT`, time = when the
-emission left, optional int attribute :data:`ATTR_EVENT_TOKENS` = tokens it carried,
-default 1) gives full detail, per-emission ITL included. The ``goodput.*`` attributes
+emission left) gives full detail, per-emission ITL included. Each event is one token unless
+the span's ``gen_ai.usage.completion_tokens`` differs from the number of events; then each
+event's int attribute :data:`ATTR_EVENT_TOKENS` says how many it carried (default 1).
+The ``goodput.*`` attributes
 let a producer that knows more say so; each is optional.
 """
 

@@ -99,10 +99,22 @@ def test_token_events_give_full_detail_and_itl() -> None:
 
 def test_token_events_may_carry_several_tokens() -> None:
     times = [T0_NS + 100 * MS, T0_NS + 300 * MS]
-    mapping = map_spans(export_request(span({}, token_times_ns=times, token_counts=[1, 4])))
+    attributes = {"gen_ai.usage.completion_tokens": 5}
+    mapping = map_spans(export_request(span(attributes, token_times_ns=times, token_counts=[1, 4])))
     (record,) = mapping.batch.records()
     assert record.output_tokens == 5
     assert request_latencies(mapping.batch).tpot_s[0] == pytest.approx(0.05)
+
+
+def test_events_are_one_token_each_when_the_count_agrees() -> None:
+    times = [T0_NS + 100 * MS, T0_NS + 300 * MS]
+    attributes = {"gen_ai.usage.completion_tokens": 2}
+    mapping = map_spans(export_request(span(attributes, token_times_ns=times, token_counts=[9, 9])))
+    assert mapping.batch.emission_tokens.tolist() == [1, 1]
+    bad = span({"gen_ai.usage.completion_tokens": 7}, token_times_ns=times, token_counts=[1, 0])
+    assert map_spans(export_request(bad)).reasons == (
+        "span 0 (0102030405060708): event goodput.tokens must be an int >= 1, got 0",
+    )
 
 
 def test_error_status_and_goodput_status() -> None:
