@@ -269,14 +269,18 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
     for key, value in ((attr.ATTR_TTFT, ttft_s), (attr.ATTR_E2E, e2e_s)):
         if value is not None and value < 0:
             raise ValueError(f"{key} must be >= 0 seconds, got {value}")
+    e2e_name = attr.ATTR_E2E
+    if e2e_s is None and span.end_time_unix_nano >= span.start_time_unix_nano:
+        # Without the attribute (a request that ended without a token), the span's
+        # duration is the E2EL: producers end the span when the request finished.
+        e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+        e2e_name = "the span's duration"
     if ttft_s is not None and e2e_s is not None and ttft_s > e2e_s:
-        raise ValueError(f"{attr.ATTR_TTFT} {ttft_s} exceeds {attr.ATTR_E2E} {e2e_s}")
+        raise ValueError(f"{attr.ATTR_TTFT} {ttft_s} exceeds the E2EL {e2e_s} ({e2e_name})")
     completion = attr.number(attrs, attr.ATTR_COMPLETION_TOKENS)
     times, tokens = _token_events(span, completion)
     if times:
         detail = TokenDetail.FULL
-        if e2e_s is None and span.end_time_unix_nano >= span.start_time_unix_nano:
-            e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     else:
         detail = TokenDetail.SUMMARY
         if e2e_s is None or completion is None:

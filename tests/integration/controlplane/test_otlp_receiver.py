@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi import FastAPI
 from google.protobuf import json_format
@@ -17,13 +18,15 @@ from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from controlplane.models import Role
-from exporters.records import RecordBatch, RequestRecord, Status, TokenDetail, Vantage
+from exporters.otel import OTelExporter
+from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
 from tests.integration.controlplane.conftest import MakeKey, bearer
 from tests.integration.controlplane.test_ingest_transport import ServerFactory, new_key, serve
 from tests.unit.controlplane.ingest.otlp_builders import export_request, span, vllm_attributes
@@ -108,6 +111,56 @@ async def test_the_sdk_exporter_feeds_goodput_with_vllm_spans(
         assert 'goodput_ingest_otlp_spans_total{outcome="ignored"} 1.0' in metrics
 
 
+async def test_our_otel_exporter_round_trips_through_the_receiver(
+    serve: ServerFactory, database_url: str
+) -> None:
+    """OTelExporter's spans (summary attributes, goodput.status) → the receiver → goodput,
+    rejected requests included, so availability survives the OTLP path."""
+    server = serve()
+    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    provider, _ = vllm_tracer(server.url, await new_key(database_url, Role.INGEST))
+    exporter = OTelExporter(MeterProvider(), provider, fold_every=1)
+    arrival = time.time_ns() - 5 * 10**9
+    records = [
+        RequestRecord(
+            request_id=f"r{k}",
+            vantage=Vantage.ENGINE,
+            arrival_time_ns=arrival,
+            labels=Labels(model="llama"),
+            emission_offsets_us=np.array([100_000, 120_000, 140_000]) * (1 + k),
+        )
+        for k in range(3)
+    ]
+    records.append(
+        RequestRecord(
+            request_id="shed",
+            vantage=Vantage.ENGINE,
+            arrival_time_ns=arrival,
+            labels=Labels(model="llama"),
+            status=Status.REJECTED,
+            reason="queue full",
+        )
+    )
+    async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
+        assert (await http.post("/api/v1/slos", json=ENGINE_SLO)).status_code == 201
+        await http.get("/api/v1/slos/engine-chat/goodput?window=1m")
+
+        def emit() -> None:
+            for record in records:
+                exporter.export(record)
+            exporter.force_flush()
+            provider.shutdown()
+
+        await asyncio.to_thread(emit)
+        body = (await http.get("/api/v1/slos/engine-chat/goodput?window=1m")).json()
+    # TTFT 0.1, 0.2, 0.3 s against 0.25 s; TPOT 0.02, 0.04, 0.06 s against 0.05 s: the
+    # third request breaks both.
+    assert (body["requests"], body["good"], body["rejected"]) == (3, 2, 1)
+    assert body["violations"] == {"ttft": 1, "tpot": 1}
+    assert body["availability_ratio"] == 0.75
+    assert body["output_tokens"] == 9
+
+
 @pytest.fixture
 async def otlp_headers(make_key: MakeKey) -> dict[str, str]:
     return {**bearer(await make_key(Role.INGEST, name="otlp")), **PROTOBUF}
@@ -146,8 +199,8 @@ async def test_protobuf_json_and_gzip_bodies_with_partial_success(
     partial = ExportTraceServiceResponse.FromString(response.content).partial_success
     assert partial.rejected_spans == 1
     assert partial.error_message == (
-        "1 llm_request span(s) rejected: span 1 (0b0b0b0b0b0b0b0b): gen_ai.latency.e2e is "
-        "missing (and the span has no token events)"
+        "1 llm_request span(s) rejected: span 1 (0b0b0b0b0b0b0b0b): "
+        "gen_ai.usage.completion_tokens is missing (and the span has no token events)"
     )
     assert records_of(app) == 2
 

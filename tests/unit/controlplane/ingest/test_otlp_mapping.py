@@ -117,6 +117,24 @@ def test_events_are_one_token_each_when_the_count_agrees() -> None:
     )
 
 
+def test_without_the_e2e_attribute_the_span_duration_is_the_e2el() -> None:
+    # What our OTelExporter sends for a request shed before any token (E2EL undefined).
+    attributes = {"gen_ai.usage.completion_tokens": 0, "goodput.status": "rejected"}
+    mapping = map_spans(export_request(span(attributes, end_ns=T0_NS + 3 * MS)))
+    (record,) = mapping.batch.records()
+    assert record.status is Status.REJECTED
+    assert record.phase_offsets_us[Phase.FINISHED] == 3000
+    late_first_token = {
+        "gen_ai.usage.completion_tokens": 3,
+        "gen_ai.latency.time_to_first_token": 1.0,
+    }
+    mapping = map_spans(export_request(span(late_first_token, end_ns=T0_NS + 500 * MS)))
+    assert mapping.reasons == (
+        "span 0 (0102030405060708): gen_ai.latency.time_to_first_token 1.0 exceeds the E2EL "
+        "0.5 (the span's duration)",
+    )
+
+
 def test_error_status_and_goodput_status() -> None:
     mapping = map_spans(
         export_request(
@@ -145,10 +163,10 @@ def test_unmappable_spans_are_rejected_alone_with_reasons() -> None:
     assert mapping.batch.request_ids == ["ok"]
     assert mapping.num_rejected == 5
     assert mapping.reasons == (
-        "span 1 (aaaaaaaaaaaaaaaa): gen_ai.latency.e2e is missing (and the span has no token "
-        "events)",
-        "span 2 (bbbbbbbbbbbbbbbb): gen_ai.latency.time_to_first_token 2.0 exceeds "
-        "gen_ai.latency.e2e 1.0",
+        "span 1 (aaaaaaaaaaaaaaaa): gen_ai.usage.completion_tokens is missing (and the span "
+        "has no token events)",
+        "span 2 (bbbbbbbbbbbbbbbb): gen_ai.latency.time_to_first_token 2.0 exceeds the E2EL "
+        "1.0 (gen_ai.latency.e2e)",
         "span 3 (cccccccccccccccc): gen_ai.latency.time_to_first_token must be >= 0 seconds, "
         "got -0.1",
         "span 4 (dddddddddddddddd): gen_ai.latency.e2e must be a number, got '1.2'",
@@ -222,7 +240,7 @@ def test_the_response_reports_partial_success_in_the_request_encoding() -> None:
     assert media == "application/x-protobuf"
     response = ExportTraceServiceResponse.FromString(body)
     assert response.partial_success.rejected_spans == 1
-    assert "gen_ai.latency.e2e is missing" in response.partial_success.error_message
+    assert "completion_tokens is missing" in response.partial_success.error_message
     body, media = export_response(mapping, "application/json")
     assert media == "application/json"
     assert json.loads(body)["partialSuccess"]["rejectedSpans"] == "1"
