@@ -3,7 +3,8 @@
 * :mod:`~controlplane.ingest.dedup`: ``(exporter_id, seq)`` de-duplication, bounded;
 * :mod:`~controlplane.ingest.ingestor`: de-duplicate, apply whole, count (Prometheus);
 * :mod:`~controlplane.ingest.body`: size-limited (gzip-aware) request bodies;
-* :mod:`~controlplane.ingest.otlp`: OTLP ``llm_request`` spans → request records.
+* :mod:`~controlplane.ingest.otlp`: OTLP ``llm_request`` spans → request records;
+  :mod:`~controlplane.ingest.otlp_codec`: OTLP/HTTP request and response bodies.
 
 The HTTP routes are in ``controlplane.api.routes.ingest`` and ``...otlp``; ``docs/ingest.md``
 has the contract and its limits.
@@ -20,11 +21,10 @@ from controlplane.ingest.ingestor import (
     TenantScopeError,
     check_tenant,
 )
-from controlplane.ingest.otlp import (
+from controlplane.ingest.otlp import SpanMapping, map_spans
+from controlplane.ingest.otlp_codec import (
     OtlpDecodeError,
-    SpanMapping,
     export_response,
-    map_spans,
     parse_export_request,
     rpc_status,
 )

@@ -33,7 +33,7 @@ from controlplane.ingest import (
     read_limited,
     rpc_status,
 )
-from controlplane.ingest.otlp import CONTENT_TYPE_JSON, CONTENT_TYPE_PROTOBUF, media_type
+from controlplane.ingest.otlp_codec import CONTENT_TYPE_JSON, CONTENT_TYPE_PROTOBUF, media_type
 
 __all__ = ["router"]
 
@@ -104,5 +104,5 @@ async def export_traces(principal: Ingest, request: Request) -> Response:
             return _status_response(403, str(exc), content_type)
         except IngestFailedError as exc:
             return _status_response(503, str(exc), content_type)
-    payload, media = export_response(mapping, content_type)
+    payload, media = export_response(content_type, mapping.num_rejected, mapping.error_message)
     return Response(payload, media_type=media)
