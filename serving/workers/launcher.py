@@ -1,0 +1,175 @@
+"""Start, watch and stop one vLLM OpenAI server process.
+
+:class:`VllmServer` runs the :class:`~serving.workers.config.LaunchPlan` of a
+:class:`~serving.workers.config.VllmSpec` in its own session (process group), with its own
+``TMPDIR`` and cache under ``run_dir``, its output appended to ``run_dir/vllm.log``. vLLM's
+API server forks an engine-core process; :meth:`VllmServer.stop` and :meth:`VllmServer.kill`
+end the whole group, so no engine outlives its server. With ``die_with_parent`` (default)
+the server also gets SIGTERM when the *thread* that started it ends (Linux), so a crashed
+supervisor leaves nothing behind: start it from a long-lived thread.
+
+Example::
+
+    server = VllmServer(VllmSpec(model=model_dir, port=8100, cpu=0), run_dir=tmp / "w0")
+    server.start()
+    server.wait_ready(timeout_s=180)
+    ...  # POST server.url + "/v1/completions"
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from serving.workers.config import LaunchPlan, VllmSpec, build_launch
+
+__all__ = ["LOG_NAME", "ServerError", "VllmServer"]
+
+logger = logging.getLogger(__name__)
+
+LOG_NAME = "vllm.log"
+_LOG_TAIL_BYTES = 4000
+
+
+class ServerError(RuntimeError):
+    """The server exited or did not become ready; the message carries its log's tail."""
+
+
+class VllmServer:
+    """One vLLM server process (not restarted: that is the supervisor's job).
+
+    ``start()`` returns at once; ``wait_ready(timeout_s)`` polls ``GET /health`` until 200,
+    raising :class:`ServerError` (with the log's tail) if the process exits first or the time
+    runs out. ``alive()``, ``pid`` and ``returncode`` describe the current process.
+    ``kill()`` is a crash (SIGKILL to the group); ``stop(timeout_s)`` a clean shutdown
+    (SIGTERM, then SIGKILL after the timeout). Both are idempotent. ``start()`` after the
+    process ended starts a fresh one with the same spec and folders.
+    """
+
+    def __init__(self, spec: VllmSpec, *, run_dir: Path, die_with_parent: bool = True) -> None:
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.die_with_parent = die_with_parent
+        self.log_path = self.run_dir / LOG_NAME
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._process is None else self._process.poll()
+
+    def plan(self) -> LaunchPlan:
+        plan = build_launch(self.spec, run_dir=self.run_dir)
+        if self.die_with_parent:
+            wrapper = [sys.executable, "-m", "serving.workers._exec_child", str(os.getpid()), "--"]
+            plan = LaunchPlan(argv=wrapper + plan.argv, env=plan.env)
+        return plan
+
+    def start(self) -> None:
+        """Start the process (no-op while one is running)."""
+        if self.alive():
+            return
+        self._end_group()  # an engine core left over from a crashed server
+        for sub in ("tmp", "cache"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        plan = self.plan()
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== goodput: starting {' '.join(plan.argv)}\n".encode())
+            log.flush()
+            self._process = subprocess.Popen(
+                plan.argv,
+                env=plan.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.run_dir,
+            )
+        logger.info(
+            "started vLLM on %s (pid %d), log %s", self.url, self._process.pid, self.log_path
+        )
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        """Whether ``GET /health`` answers 200 now."""
+        try:
+            return httpx.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise ServerError(
+                    f"vLLM on {self.url} exited with code {self.returncode} before it was "
+                    f"ready; log tail:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return
+            if time.monotonic() >= deadline:
+                raise ServerError(
+                    f"vLLM on {self.url} not ready after {timeout_s:g} s; log tail:\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(poll_s)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (what a crash looks like) and reap the server."""
+        self._signal_group(signal.SIGKILL)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the group, wait up to ``timeout_s``, then SIGKILL what is left."""
+        if self._process is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("vLLM on %s ignored SIGTERM for %g s; killing it", self.url, timeout_s)
+        self._end_group()
+
+    def log_tail(self, num_bytes: int = _LOG_TAIL_BYTES) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - num_bytes))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._process is None:
+            return
+        # The group id is the server's pid (start_new_session); it outlives the leader
+        # while the engine core still runs.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, sig)
+
+    def _end_group(self) -> None:
+        """SIGKILL whatever is left of the group and reap the leader."""
+        self._signal_group(signal.SIGKILL)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=10)
