@@ -6,6 +6,8 @@
     goodput slo apply -f FILE.yaml
     goodput slo list [--include-deleted]
     goodput demo [--duration S]  (docs/demo.md)
+    goodput gateway --port P --prefill URL --decode URL | --colocated URL  (docs/gateway.md)
+    goodput bench --url URL --trace NAME --rate-scale X --duration S --slo ttft=0.2,itl=0.05
 
 Settings come from ``GOODPUT_*`` environment variables (``controlplane.settings``);
 ``--database-url`` overrides ``GOODPUT_DATABASE_URL``. Commands that touch the database use
@@ -32,6 +34,8 @@ from controlplane.services import keys as key_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
 from goodput.demo import demo as demo_command
+from serving.bench.cli import bench as bench_command
+from serving.gateway.cli import gateway as gateway_command
 
 __all__ = ["app", "main"]
 
@@ -53,6 +57,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(admin_app, name="admin")
 app.add_typer(slo_app, name="slo")
 app.command("demo")(demo_command)
+app.command("gateway")(gateway_command)
+app.command("bench")(bench_command)
 
 
 @app.callback()

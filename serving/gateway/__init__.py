@@ -1,0 +1,43 @@
+"""The PD gateway: an OpenAI-compatible proxy in front of prefill and decode instances.
+
+It admits (``admission``), routes (``routing.choose``, pure), sends the prompt to a prefill
+instance with ``max_tokens=1``, then the request to a decode instance, relays the stream
+chunk by chunk and records every chunk with the exporters' recorder (``relay``); pools come
+from the command line and the control plane's fleet registry (``pool``, ``control``).
+See docs/gateway.md.
+"""
+
+from serving.gateway.admission import ADMIT, AdmissionHook, AllowAll, Decision, RequestInfo
+from serving.gateway.config import GatewayConfig, GatewayConfigError
+from serving.gateway.pool import InstancePool, StaticInstance
+from serving.gateway.routing import (
+    InstanceState,
+    NoInstanceError,
+    PoolRole,
+    RouteDecision,
+    RouteRequest,
+    affinity_key,
+    choose,
+)
+from serving.gateway.service import Gateway, create_app
+
+__all__ = [
+    "ADMIT",
+    "AdmissionHook",
+    "AllowAll",
+    "Decision",
+    "Gateway",
+    "GatewayConfig",
+    "GatewayConfigError",
+    "InstancePool",
+    "InstanceState",
+    "NoInstanceError",
+    "PoolRole",
+    "RequestInfo",
+    "RouteDecision",
+    "RouteRequest",
+    "StaticInstance",
+    "affinity_key",
+    "choose",
+    "create_app",
+]

@@ -1,0 +1,67 @@
+"""The admission seam: the gateway asks a hook, per request, whether to serve it.
+
+The hook is a :class:`AdmissionHook` (``decide(info) -> Decision``). It runs on the event
+loop once per request, so it must be cheap and must not block; a policy that needs remote
+state keeps it fresh on its own schedule and decides from what it holds. The gateway ships
+:class:`AllowAll`; the control loops fill the seam with a policy (fed by the control
+plane's ``set_admission`` commands, ``exporters.commands.AdmissionPolicy``).
+
+A request the hook rejects is answered ``429`` with ``Retry-After`` when the decision has
+one, and recorded with status ``REJECTED`` (it counts against the SLO's availability).
+
+Example::
+
+    class ShedBatch:
+        def decide(self, info: RequestInfo) -> Decision:
+            if info.priority == "batch":
+                return Decision(admit=False, reason="shedding batch", retry_after_s=1.0)
+            return ADMIT
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ADMIT", "AdmissionHook", "AllowAll", "Decision", "RequestInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the gateway knows of a request when it asks: its id, labels and size."""
+
+    request_id: str
+    model: str
+    tenant: str
+    slo: str
+    priority: str
+    prompt_tokens: int  # an estimate for text prompts (the gateway does not tokenize)
+    max_tokens: int | None
+    stream: bool
+    arrival_s: float  # the gateway's monotonic clock
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Admit or reject; ``reason`` is recorded and sent to a rejected client."""
+
+    admit: bool
+    reason: str = ""
+    retry_after_s: float | None = None
+
+
+ADMIT = Decision(admit=True)
+
+
+@runtime_checkable
+class AdmissionHook(Protocol):
+    """Decides, per request, whether the gateway serves it (see the module docstring)."""
+
+    def decide(self, info: RequestInfo) -> Decision: ...
+
+
+class AllowAll:
+    """Admits every request."""
+
+    def decide(self, info: RequestInfo) -> Decision:
+        return ADMIT

@@ -1,0 +1,114 @@
+"""``goodput gateway``: serve the PD gateway with uvicorn (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["gateway"]
+
+
+def _api_keys(path: Path | None) -> dict[str, str]:
+    """``KEY: TENANT`` lines of a YAML mapping (or ``{}`` without a file)."""
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint="--api-keys") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise typer.BadParameter(
+            f"{path} must be a YAML mapping of API key to tenant name", param_hint="--api-keys"
+        )
+    return data
+
+
+def gateway(
+    *,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to serve on")] = 8080,
+    host: Annotated[str, typer.Option(help="address to serve on")] = "127.0.0.1",
+    prefill: Annotated[
+        list[str] | None, typer.Option(help="prefill instance URL (repeat for more)")
+    ] = None,
+    decode: Annotated[
+        list[str] | None, typer.Option(help="decode instance URL (repeat for more)")
+    ] = None,
+    colocated: Annotated[
+        list[str] | None,
+        typer.Option(help="instance URL serving whole requests, no PD (repeat for more)"),
+    ] = None,
+    control_plane: Annotated[
+        str | None, typer.Option(help="control-plane URL: records, fleet registry")
+    ] = None,
+    agent_key: Annotated[
+        str | None,
+        typer.Option(help="agent key: register in the fleet", envvar="GOODPUT_AGENT_KEY"),
+    ] = None,
+    ingest_key: Annotated[
+        str | None, typer.Option(help="ingest key: ship records", envvar="GOODPUT_INGEST_KEY")
+    ] = None,
+    viewer_key: Annotated[
+        str | None,
+        typer.Option(
+            help="key to read the fleet registry (default: the agent key)",
+            envvar="GOODPUT_VIEWER_KEY",
+        ),
+    ] = None,
+    gateway_id: Annotated[str | None, typer.Option(help="fleet id and exporter id")] = None,
+    api_keys: Annotated[
+        Path | None, typer.Option(help="YAML mapping of client API key to tenant")
+    ] = None,
+    default_tenant: Annotated[str, typer.Option(help="tenant of requests without a key")] = "",
+    chunk_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds allowed between two chunks of a stream")
+    ] = 60.0,
+    prefill_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds allowed for a whole prefill call")
+    ] = 120.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
+    import uvicorn
+
+    from serving.gateway.config import GatewayConfig, GatewayConfigError
+    from serving.gateway.service import create_app
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    extra = {"gateway_id": gateway_id} if gateway_id else {}
+    try:
+        config = GatewayConfig(
+            prefill=tuple(prefill or ()),
+            decode=tuple(decode or ()),
+            colocated=tuple(colocated or ()),
+            host=host,
+            port=port,
+            control_plane=control_plane,
+            agent_key=agent_key,
+            ingest_key=ingest_key,
+            viewer_key=viewer_key,
+            api_keys=_api_keys(api_keys),
+            default_tenant=default_tenant,
+            chunk_timeout_s=chunk_timeout,
+            prefill_timeout_s=prefill_timeout,
+            **extra,
+        )
+    except (GatewayConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,  # a line per request is per-request I/O on the serving path
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,107 @@
+"""What a gateway is started with: upstreams, control plane, keys, timeouts."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from serving.gateway.pool import StaticInstance
+from serving.gateway.routing import PoolRole
+
+__all__ = ["GatewayConfig", "GatewayConfigError"]
+
+
+class GatewayConfigError(ValueError):
+    """A configuration value that cannot work; the message names the option and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """The gateway's configuration (``goodput gateway --help`` documents each option).
+
+    Modes: PD (``prefill`` and ``decode`` given, or learnt from the fleet registry) or
+    colocated (``colocated`` given: one pool, each request served whole by one instance).
+    ``api_keys`` maps a client API key to its tenant; when it is empty the gateway accepts
+    any key (or none) and labels requests with ``default_tenant``. With a control plane,
+    ``agent_key`` registers the gateway in the fleet, ``ingest_key`` ships its records and
+    ``viewer_key`` (default: ``agent_key``) reads the fleet registry.
+
+    Timeouts: ``connect_timeout_s`` to open a connection; ``prefill_timeout_s`` for the
+    whole prefill call; ``first_token_timeout_s`` until the decode instance answers;
+    ``chunk_timeout_s`` between two chunks of a stream. Every upstream call has one.
+    """
+
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
+    colocated: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    control_plane: str | None = None
+    agent_key: str | None = None
+    ingest_key: str | None = None
+    viewer_key: str | None = None
+    gateway_id: str = field(default_factory=lambda: f"gateway-{uuid.uuid4().hex[:8]}")
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    default_tenant: str = ""
+    connect_timeout_s: float = 2.0
+    prefill_timeout_s: float = 120.0
+    first_token_timeout_s: float = 120.0
+    chunk_timeout_s: float = 60.0
+    cooldown_s: float = 5.0
+    fleet_refresh_s: float = 5.0
+    heartbeat_s: float = 10.0
+    max_connections: int = 512
+    record_flush_interval_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.colocated and (self.prefill or self.decode):
+            raise GatewayConfigError(
+                "--colocated cannot be combined with --prefill/--decode: colocated mode has "
+                f"one pool (got colocated={list(self.colocated)}, prefill={list(self.prefill)}, "
+                f"decode={list(self.decode)})"
+            )
+        if not (self.prefill or self.decode or self.colocated or self.control_plane):
+            raise GatewayConfigError(
+                "no upstream: give --prefill and --decode URLs, --colocated URLs, or "
+                "--control-plane to learn them from the fleet registry"
+            )
+        if bool(self.prefill) != bool(self.decode) and not self.control_plane:
+            raise GatewayConfigError(
+                "PD mode needs both pools: got "
+                f"{len(self.prefill)} --prefill and {len(self.decode)} --decode URLs"
+            )
+        for name in (
+            "connect_timeout_s",
+            "prefill_timeout_s",
+            "first_token_timeout_s",
+            "chunk_timeout_s",
+            "fleet_refresh_s",
+            "heartbeat_s",
+            "record_flush_interval_s",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise GatewayConfigError(f"{name} must be a finite number > 0, got {value!r}")
+        if self.cooldown_s < 0:
+            raise GatewayConfigError(f"cooldown_s must be >= 0, got {self.cooldown_s}")
+        if self.max_connections < 1:
+            raise GatewayConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        if not 0 <= self.port <= 65535:
+            raise GatewayConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.control_plane and not self.control_plane.startswith(("http://", "https://")):
+            raise GatewayConfigError(
+                f"--control-plane must start with http:// or https://, got {self.control_plane!r}"
+            )
+
+    @property
+    def colocated_mode(self) -> bool:
+        return bool(self.colocated)
+
+    def static_instances(self) -> list[StaticInstance]:
+        return [
+            *(StaticInstance(url, PoolRole.PREFILL) for url in self.prefill),
+            *(StaticInstance(url, PoolRole.DECODE) for url in self.decode),
+            *(StaticInstance(url, PoolRole.BOTH) for url in self.colocated),
+        ]
