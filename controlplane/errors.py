@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from exporters.slo import Metric
 
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 _MAX_SHOWN = 80  # characters of an offending value echoed back in a message
 # Tags of the discriminated unions in our schemas (objective metrics), stripped from locs.
 _UNION_TAGS = frozenset(m.value for m in Metric)
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
 _NO_VALUE = frozenset({"missing", "json_invalid", "union_tag_not_found"})
 
 
@@ -213,9 +215,39 @@ async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     return _json(422, format_validation_errors(exc.errors()))
 
 
-async def _on_http_exception(_: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str:
+    """The methods served at this path by the path template Starlette matched first (its own
+    405 names only the first *route's* methods, while ``GET /slos`` and ``POST /slos`` are
+    two routes with one template)."""
+    template: str | None = None
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches(request.scope)
+        if match is Match.NONE:
+            continue
+        path = getattr(route, "path", None)
+        template = path if template is None else template
+        if path == template:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return _json(exc.status_code, exc.detail, exc.headers)
+    if exc.status_code == 400 and exc.detail == _FASTAPI_BODY_ERROR:
+        # FastAPI's answer to a body that is not even text (e.g. invalid UTF-8): report it like
+        # any other malformed JSON, as a 422 naming the body.
+        entry = {
+            "loc": ["body"],
+            "field": "body",
+            "msg": "body is not valid JSON (it could not be decoded as UTF-8 text)",
+            "type": "json_invalid",
+        }
+        return _json(422, [entry])
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return _json(exc.status_code, exc.detail, headers)
 
 
 async def _on_integrity_error(_: Request, exc: Exception) -> JSONResponse:

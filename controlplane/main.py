@@ -26,10 +26,12 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
-from controlplane.api.auth import assert_routes_guarded
+from controlplane.api.auth import assert_routes_guarded, document_open_routes
+from controlplane.api.deps import single_valued_query
 from controlplane.api.routes import (
     audit,
     fleet,
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         ),
         lifespan=lifespan,
         docs_url="/docs",
+        dependencies=[Depends(single_valued_query)],
     )
     app.state.settings = settings
     app.state.metrics_registry = app_registry()
@@ -103,7 +106,20 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     api.include_router(ingest.router)
     api.include_router(goodput.router)
     app.include_router(api)
+    _document_open_routes(app)
     return app
+
+
+def _document_open_routes(app: FastAPI) -> None:
+    """Publish open routes (``/health`` by default) without a security requirement."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_open_routes(app, generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class _JSONFormatter(logging.Formatter):

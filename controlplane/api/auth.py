@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.dependencies.models import Dependant
@@ -39,6 +39,7 @@ __all__ = [
     "Principal",
     "RoleRequirement",
     "assert_routes_guarded",
+    "document_open_routes",
     "grants",
     "require",
     "route_requirements",
@@ -145,6 +146,21 @@ def _walk(dependant: Dependant) -> Iterator[RoleRequirement]:
 def route_requirements(route: APIRoute) -> list[RoleRequirement]:
     """The role requirements a route declares (empty: the route is unguarded)."""
     return list(_walk(route.dependant))
+
+
+def document_open_routes(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
+    """Drop the bearer requirement from the OpenAPI operations that are open under the app's
+    settings (``/health`` with ``open_health``), so the schema tells clients the truth."""
+    settings: Settings = app.state.settings
+    for route in app.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        if any(req.is_open(settings) for req in route_requirements(route)):
+            for method in route.methods:
+                operation = schema.get("paths", {}).get(route.path_format, {}).get(method.lower())
+                if operation is not None:
+                    operation.pop("security", None)
+    return schema
 
 
 def assert_routes_guarded(app: FastAPI) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    WithJsonSchema,
+)
 
 from controlplane.models.enums import FleetKind, FleetRole, FleetState
 from controlplane.schemas.common import Text, WireModel
@@ -22,11 +30,31 @@ __all__ = [
 MEMBER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 MemberId = Annotated[str, Field(min_length=1, max_length=128, pattern=MEMBER_ID_PATTERN)]
 Endpoint = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^https?://[^\s\x00]+$")]
-LoadValue = float | int | bool | Text
+# Strict numbers: a long digit string must fail as text, not turn into a float.
+LoadValue = StrictBool | StrictInt | StrictFloat | Text
+LOAD_KEY_PATTERN = r"^[A-Za-z0-9_.:-]+$"
+LoadKey = Annotated[str, Field(min_length=1, max_length=64, pattern=LOAD_KEY_PATTERN)]
 # The load report is opaque to the registry (the planner reads it); keep it small and flat.
+# The schema is spelled out: pydantic would publish the key pattern as patternProperties,
+# which lets other keys through in the schema although validation refuses them.
 Load = Annotated[
-    dict[Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")], LoadValue],
+    dict[LoadKey, LoadValue],
     Field(max_length=64),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": 64,
+            "propertyNames": {"minLength": 1, "maxLength": 64, "pattern": LOAD_KEY_PATTERN},
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": "boolean"},
+                    {"type": "integer"},
+                    {"type": "number"},
+                    {"type": "string", "maxLength": 2000, "pattern": "^[^\\x00]*$"},
+                ]
+            },
+        }
+    ),
 ]
 
 

@@ -14,7 +14,18 @@ __all__ = ["APIKeyCreate", "APIKeyCreated", "APIKeyPublic", "APIKeysPublic"]
 
 
 class APIKeyCreate(WireModel):
-    """``tenant`` scopes a viewer, operator or ingest key to one tenant."""
+    """``tenant`` scopes a viewer, operator or ingest key to one tenant; admin and agent keys
+    act on every tenant and take none (the schema says so with if/then; the service checks)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"role": {"enum": [Role.ADMIN.value, Role.AGENT.value]}},
+                "required": ["role"],
+            },
+            "then": {"properties": {"tenant": {"type": "null"}}},
+        }
+    )
 
     name: Name
     role: Role

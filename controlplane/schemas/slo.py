@@ -78,23 +78,9 @@ class ITLObjective(WireModel):
 Objective = Annotated[LatencyObjective | ITLObjective, Field(discriminator="metric")]
 
 
-def _unique_objectives(
-    objectives: list[LatencyObjective | ITLObjective],
-) -> list[LatencyObjective | ITLObjective]:
-    seen: set[tuple[str, str]] = set()
-    for objective in objectives:
-        key = (objective.metric, objective.statistic)
-        if key in seen:
-            raise ValueError(
-                f"must have one objective per metric and statistic, got {key[0]}/{key[1]} twice"
-            )
-        seen.add(key)
-    return objectives
-
-
-Objectives = Annotated[
-    list[Objective], Field(min_length=1, max_length=16), AfterValidator(_unique_objectives)
-]
+# A request is good when it meets every objective, so two objectives on the same metric and
+# statistic are allowed and mean the stricter one (services.slos.to_spec merges them).
+Objectives = Annotated[list[Objective], Field(max_length=16)]
 
 
 class Selector(WireModel):

@@ -30,7 +30,7 @@ from controlplane.models import SLO, SLOVantage, SLOVersion
 from controlplane.schemas.slo import SLOCreate, SLOPublic, SLOUpdate
 from controlplane.services import audit
 from exporters.records import Vantage
-from exporters.slo import Objective
+from exporters.slo import Metric, Objective
 
 __all__ = [
     "ApplyAction",
@@ -55,15 +55,25 @@ def slo_snapshot(slo: SLO) -> dict[str, Any]:
     return SLOPublic.model_validate(slo).model_dump(mode="json")
 
 
+def _engine_objectives(objectives: list[dict[str, Any]]) -> tuple[Objective, ...]:
+    """One objective per (metric, statistic), in first-seen order: a request must meet every
+    objective, so repeated ones reduce to the smallest threshold."""
+    strictest: dict[tuple[str, str], float] = {}
+    for o in objectives:
+        key = (str(o["metric"]), str(o.get("statistic", "max")))
+        threshold = float(o["threshold_s"])
+        strictest[key] = min(threshold, strictest.get(key, threshold))
+    return tuple(
+        Objective(Metric(metric), t, statistic) for (metric, statistic), t in strictest.items()
+    )
+
+
 def to_spec(slo: SLO) -> SLOSpec:
     """The goodput engine's immutable view of a registry row."""
     return SLOSpec(
         id=str(slo.id),
         name=slo.name,
-        objectives=tuple(
-            Objective(o["metric"], float(o["threshold_s"]), o.get("statistic", "max"))
-            for o in slo.objectives
-        ),
+        objectives=_engine_objectives(slo.objectives),
         target=slo.target,
         window_s=float(slo.window_s),
         selector=dict(slo.selector),

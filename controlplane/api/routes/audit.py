@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from controlplane.api.deps import Admin, SessionDep
-from controlplane.api.routes._params import FilterText, Limit, Offset
+from controlplane.api.routes._params import FilterText, Limit, Offset, Timestamp
 from controlplane.schemas.audit import AuditEntriesPublic, AuditEntryPublic
 from controlplane.services import audit as service
 
@@ -32,8 +31,8 @@ async def list_audit(
     action: Action | None = None,
     target_type: TargetType | None = None,
     target_id: FilterText | None = None,
-    since: Annotated[datetime | None, Query(description="inclusive, ISO 8601 with zone")] = None,
-    until: Annotated[datetime | None, Query(description="exclusive, ISO 8601 with zone")] = None,
+    since: Annotated[Timestamp | None, Query(description="inclusive, ISO 8601 with zone")] = None,
+    until: Annotated[Timestamp | None, Query(description="exclusive, ISO 8601 with zone")] = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> AuditEntriesPublic:

@@ -47,12 +47,31 @@ class YAMLResponse(Response):
 _YAML_BODY = {
     "requestBody": {
         "required": True,
-        "description": "OpenSLO v1 SLO documents and/or Goodput SLO definitions (YAML stream)",
-        "content": {"application/yaml": {"schema": {"type": "string"}}},
+        "description": (
+            "A YAML stream of SLOs, each document either an OpenSLO v1 `SLO` (see docs/api.md "
+            "for the mapping) or Goodput's own form, whose schema is given here."
+        ),
+        "content": {"application/yaml": {"schema": {"$ref": "#/components/schemas/SLOCreate"}}},
     }
 }
 _YAML_OUT: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"application/yaml": {"schema": {"type": "string"}}}}
+    200: {
+        "description": "An OpenSLO v1 SLO document",
+        "content": {
+            "application/yaml": {
+                "schema": {
+                    "type": "object",
+                    "required": ["apiVersion", "kind", "metadata", "spec"],
+                    "properties": {
+                        "apiVersion": {"const": "openslo/v1"},
+                        "kind": {"const": "SLO"},
+                        "metadata": {"type": "object"},
+                        "spec": {"type": "object"},
+                    },
+                }
+            }
+        },
+    }
 }
 
 
@@ -170,7 +189,7 @@ async def list_versions(
 
 @router.get(
     "/{slo_ref}/openslo",
-    response_class=YAMLResponse,
+    response_class=Response,  # no JSON 200: errors stay JSON, the document is YAML
     responses={**responses(404), **_YAML_OUT},
 )
 async def export_openslo(
