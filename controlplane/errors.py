@@ -41,6 +41,23 @@ logger = logging.getLogger(__name__)
 _MAX_SHOWN = 80  # characters of an offending value echoed back in a message
 # Tags of the discriminated unions in our schemas (objective metrics), stripped from locs.
 _UNION_TAGS = frozenset(m.value for m in Metric)
+_TYPE_PHRASES = {
+    "int_from_float": "must be a whole number",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "uuid_parsing": "must be a UUID",
+    "uuid_type": "must be a UUID",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "list_type": "must be a list",
+}
 _FASTAPI_BODY_ERROR = "There was an error parsing the body"
 _NO_VALUE = frozenset({"missing", "json_invalid", "union_tag_not_found"})
 
@@ -163,6 +180,10 @@ def _phrase(err: Mapping[str, Any]) -> str:
         return f"must match {ctx.get('pattern')}"
     if kind in ("enum", "literal_error"):
         return f"must be one of {ctx.get('expected')}"
+    if kind in _TYPE_PHRASES:
+        return _TYPE_PHRASES[kind]
+    if kind == "string_unicode":
+        return "must be valid Unicode text (no unpaired surrogates)"
     if kind == "json_invalid":
         return f"is not valid JSON ({ctx.get('error', 'decode error')})"
     if kind == "value_error":

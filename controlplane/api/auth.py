@@ -166,12 +166,12 @@ def document_open_routes(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]
 def assert_routes_guarded(app: FastAPI) -> None:
     """Raise if any API route declares no role: a forgotten guard fails at startup, not in prod."""
     unguarded = [
-        f"{sorted(route.methods)} {route.path}"
+        f"{','.join(sorted(route.methods))} {route.path}"
         for route in app.routes
         if isinstance(route, APIRoute) and not route_requirements(route)
     ]
     if unguarded:
         raise RuntimeError(
-            f"routes without a role requirement: {unguarded}; "
+            f"routes without a role requirement: {', '.join(unguarded)}; "
             "add a dependency on controlplane.api.auth.require(Role...)"
         )

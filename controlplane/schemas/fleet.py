@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    WithJsonSchema,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from controlplane.models.enums import FleetKind, FleetRole, FleetState
-from controlplane.schemas.common import Text, WireModel
+from controlplane.schemas.common import WireModel
 
 __all__ = [
     "MEMBER_ID_PATTERN",
@@ -30,8 +23,25 @@ __all__ = [
 MEMBER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 MemberId = Annotated[str, Field(min_length=1, max_length=128, pattern=MEMBER_ID_PATTERN)]
 Endpoint = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^https?://[^\s\x00]+$")]
-# Strict numbers: a long digit string must fail as text, not turn into a float.
-LoadValue = StrictBool | StrictInt | StrictFloat | Text
+MAX_LOAD_TEXT = 2000
+
+
+def _load_value(value: object) -> bool | int | float | str:
+    # Checked by hand, not as a union of types: one clear error instead of one per member,
+    # and no lax coercion (a long digit string must not become a float).
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, str) and len(value) <= MAX_LOAD_TEXT and "\x00" not in value:
+        return value
+    raise ValueError(
+        f"must be a boolean, a finite number or a string of at most {MAX_LOAD_TEXT} "
+        "characters without NUL"
+    )
+
+
+LoadValue = Annotated[object, AfterValidator(_load_value)]
 LOAD_KEY_PATTERN = r"^[A-Za-z0-9_.:-]+$"
 LoadKey = Annotated[str, Field(min_length=1, max_length=64, pattern=LOAD_KEY_PATTERN)]
 # The load report is opaque to the registry (the planner reads it); keep it small and flat.
@@ -50,7 +60,7 @@ Load = Annotated[
                     {"type": "boolean"},
                     {"type": "integer"},
                     {"type": "number"},
-                    {"type": "string", "maxLength": 2000, "pattern": "^[^\\x00]*$"},
+                    {"type": "string", "maxLength": MAX_LOAD_TEXT, "pattern": "^[^\\x00]*$"},
                 ]
             },
         }
