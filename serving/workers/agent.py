@@ -1,0 +1,268 @@
+"""The worker's agent: registers with the control plane, beats, and runs its commands.
+
+Routes (``controlplane/api/routes/fleet.py``; the key needs role ``agent``):
+
+* ``POST /api/v1/fleet/register`` — ``{id, kind: "worker", endpoint, model, role, state,
+  load}``; sent at start, after the control plane forgot us (a heartbeat's 404), and when
+  the role changes (the heartbeat carries no role);
+* ``POST /api/v1/fleet/{id}/heartbeat`` — ``{state, load}`` every ``heartbeat_interval_s``;
+* commands, **not offered by the control plane yet** — the client side of the
+  ``exporters.commands`` contract, against these routes: ``GET /api/v1/fleet/{id}/commands``
+  answering ``{"data": [Command JSON, ...], "count": n}`` (pending commands for ``id``), and
+  ``POST /api/v1/fleet/{id}/commands/{command_id}/ack`` with ``CommandAck.to_json()``.
+  A 404/405 on the poll means the routes are absent: the agent says so once and asks again
+  every ``command_retry_s``.
+
+Failure: every call has a timeout; an unreachable or failing control plane is retried with
+capped exponential backoff, logged once when it starts failing and once when it is back.
+The agent never raises into the worker: serving goes on without a control plane.
+
+Example::
+
+    agent = Agent(AgentSettings(url="http://cp:8000", key=key, member_id="10.0.0.7:8100",
+                                endpoint="http://10.0.0.7:8100", model="tiny"),
+                  report=supervisor.report, apply=supervisor.apply_command)
+    agent.start()
+    ...
+    agent.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from exporters.commands import CommandError, command_from_json
+from serving.workers.backoff import RestartBackoff
+from serving.workers.commands import ApplyFn, CommandExecutor
+
+__all__ = ["FLEET_PATH", "Agent", "AgentReport", "AgentSettings", "AgentStats"]
+
+logger = logging.getLogger(__name__)
+
+FLEET_PATH = "/api/v1/fleet"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Where the control plane is and who this worker is. ``member_id`` is also the target
+    name commands use (default in the CLI: ``host:port``)."""
+
+    url: str
+    member_id: str
+    endpoint: str
+    key: str | None = None
+    model: str = ""
+    heartbeat_interval_s: float = 5.0
+    command_retry_s: float = 60.0
+    timeout_s: float = 5.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        for name in ("heartbeat_interval_s", "command_retry_s", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """What the worker reports: its pool ``role``, fleet ``state`` and flat ``load``."""
+
+    role: str
+    state: str
+    load: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStats:
+    registered: bool
+    num_registrations: int
+    num_heartbeats: int
+    num_failures: int
+    num_commands: int
+    commands_supported: bool | None  # None: not asked yet
+
+
+class Agent:
+    """Runs :meth:`step` on a daemon thread until :meth:`stop`. ``report`` is called for
+    each registration and heartbeat; ``apply(kind, payload)`` runs a command (see
+    :class:`~serving.workers.commands.CommandExecutor`). ``transport`` replaces httpx's
+    network transport (tests)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        report: Callable[[], AgentReport],
+        apply: ApplyFn,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self._report = report
+        self.executor = CommandExecutor(settings.member_id, apply)
+        headers = {"Authorization": f"Bearer {settings.key}"} if settings.key else {}
+        self._client = httpx.Client(
+            base_url=settings.url.rstrip("/"),
+            headers=headers,
+            timeout=settings.timeout_s,
+            transport=transport,
+        )
+        self._backoff = RestartBackoff(settings.backoff_initial_s, settings.backoff_max_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._registered_role: str | None = None
+        self._failing = False
+        self._commands_supported: bool | None = None
+        self._next_command_check = 0.0
+        self.num_registrations = 0
+        self.num_heartbeats = 0
+        self.num_failures = 0
+
+    @property
+    def member_path(self) -> str:
+        return f"{FLEET_PATH}/{self.settings.member_id}"
+
+    def stats(self) -> AgentStats:
+        return AgentStats(
+            registered=self._registered_role is not None,
+            num_registrations=self.num_registrations,
+            num_heartbeats=self.num_heartbeats,
+            num_failures=self.num_failures,
+            num_commands=self.executor.num_applied + self.executor.num_refused,
+            commands_supported=self._commands_supported,
+        )
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="goodput-agent", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop beating (the control plane marks the member stale after its timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            delay = self.step()
+            self._stop.wait(delay)
+
+    def step(self) -> float:
+        """One round: register or beat, then run pending commands. Returns the seconds to
+        wait before the next round. Never raises."""
+        try:
+            report = self._report()
+            if report.role != self._registered_role:
+                self._register(report)
+            elif not self._heartbeat(report):
+                self._register(self._report())  # forgotten: register again at once
+            self._poll_commands()
+        except (httpx.HTTPError, _UnavailableError) as exc:
+            return self._failed(exc)
+        except Exception as exc:  # a bug must not stop the agent: log it, retry later
+            logger.exception("agent step failed")
+            return self._failed(exc)
+        if self._failing:
+            logger.warning("control plane at %s reachable again", self.settings.url)
+            self._failing = False
+        self._backoff.success()
+        return self.settings.heartbeat_interval_s
+
+    def _failed(self, exc: Exception) -> float:
+        self.num_failures += 1
+        delay = min(self._backoff.failure(), self.settings.heartbeat_interval_s * 6)
+        if not self._failing:  # de-duplicated: once when failures start
+            logger.warning(
+                "control plane at %s unavailable (%s: %s); the worker keeps serving, "
+                "retrying in %.1fs",
+                self.settings.url,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            self._failing = True
+        return delay
+
+    def _register(self, report: AgentReport) -> None:
+        body = {
+            "id": self.settings.member_id,
+            "kind": "worker",
+            "endpoint": self.settings.endpoint,
+            "model": self.settings.model,
+            "role": report.role,
+            "state": report.state,
+            "load": report.load,
+        }
+        _check(self._client.post(f"{FLEET_PATH}/register", json=body), "register")
+        self._registered_role = report.role
+        self.num_registrations += 1
+
+    def _heartbeat(self, report: AgentReport) -> bool:
+        """Beat; ``False`` when the control plane no longer knows this member."""
+        body = {"state": report.state, "load": report.load}
+        response = self._client.post(f"{self.member_path}/heartbeat", json=body)
+        if response.status_code == 404:
+            self._registered_role = None
+            return False
+        _check(response, "heartbeat")
+        self.num_heartbeats += 1
+        return True
+
+    def _poll_commands(self) -> None:
+        now = time.monotonic()
+        if self._commands_supported is False and now < self._next_command_check:
+            return
+        response = self._client.get(f"{self.member_path}/commands")
+        if response.status_code in (404, 405):
+            if self._commands_supported is not False:
+                logger.info(
+                    "control plane at %s has no command route (GET %s/commands: HTTP %d); "
+                    "asking again every %gs",
+                    self.settings.url,
+                    self.member_path,
+                    response.status_code,
+                    self.settings.command_retry_s,
+                )
+            self._commands_supported = False
+            self._next_command_check = now + self.settings.command_retry_s
+            return
+        _check(response, "command poll")
+        self._commands_supported = True
+        body = response.json()
+        items = body.get("data", []) if isinstance(body, dict) else body
+        for item in items if isinstance(items, list) else []:
+            try:
+                command = command_from_json(item)
+            except CommandError as exc:
+                logger.error("ignoring a malformed command from the control plane: %s", exc)
+                continue
+            ack = self.executor.handle(command)
+            path = f"{self.member_path}/commands/{command.id}/ack"
+            _check(self._client.post(path, json=ack.to_json()), "command ack")
+
+
+class _UnavailableError(RuntimeError):
+    """The control plane answered with a status that means "try again later"."""
+
+
+def _check(response: httpx.Response, what: str) -> None:
+    if response.is_success:
+        return
+    detail = response.text[:200]
+    if response.status_code >= 500 or response.status_code == 429:
+        raise _UnavailableError(f"{what}: HTTP {response.status_code} {detail}")
+    # A 4xx other than 404/429 is a bug on one side; retrying will not fix it, but the
+    # worker must keep serving, so it is logged (once per failure streak) and retried slowly.
+    raise _UnavailableError(f"{what} refused: HTTP {response.status_code} {detail}")

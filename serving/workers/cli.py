@@ -1,0 +1,160 @@
+"""``goodput worker``: run one supervised vLLM server in the foreground (docs/serving.md).
+
+    goodput worker --engine vllm --model DIR --role prefill|decode|both --port P
+                   [--control-plane URL --agent-key KEY [--ingest-key KEY]]
+                   [--kv-dir DIR] [--cpu N] [--device cpu|cuda] [--print-plan]
+
+Registered on the ``goodput`` typer app by :func:`register`. SIGINT/SIGTERM stop the worker
+and its server. ``--print-plan`` prints the command line and the environment variables it
+sets (JSON) and exits without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from exporters.commands import Role
+from serving.workers.agent import AgentSettings
+from serving.workers.config import Device, SpecError, VllmSpec, build_launch
+from serving.workers.kv_folder import KVFolderPolicy
+from serving.workers.launcher import ServerError
+from serving.workers.supervisor import SupervisorSettings, WorkerSupervisor
+
+__all__ = ["PLUGIN_ENV", "register", "worker"]
+
+ENGINES = ("vllm",)
+# What the stat-logger plugin reads inside the vLLM server (serving/vllm_plugin).
+PLUGIN_ENV = ("GOODPUT_CONTROL_PLANE_URL", "GOODPUT_INGEST_KEY")
+
+
+def worker(
+    *,
+    model: Annotated[Path, typer.Option(help="model folder (goodput model build-tiny)")],
+    port: Annotated[int, typer.Option(help="the vLLM server's port")],
+    engine: Annotated[str, typer.Option(help="serving engine; one of: vllm")] = "vllm",
+    role: Annotated[Role, typer.Option(help="the pool reported to the control plane")] = Role.BOTH,
+    host: Annotated[str, typer.Option(help="address the server binds")] = "127.0.0.1",
+    device: Annotated[Device, typer.Option(help="cpu (ExampleConnector) or cuda (Nixl)")] = (
+        Device.CPU
+    ),
+    cpu: Annotated[int | None, typer.Option(help="core to bind (CPU) or GPU index")] = None,
+    kv_dir: Annotated[
+        Path | None, typer.Option(help="shared KV folder (CPU PD); omit for colocated")
+    ] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="default: folder name")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM --max-num-seqs")] = None,
+    max_model_len: Annotated[int, typer.Option(help="vLLM --max-model-len")] = 2048,
+    compile_model: Annotated[
+        bool, typer.Option("--compile/--eager", help="torch.compile (slow start) or eager")
+    ] = False,
+    control_plane: Annotated[str | None, typer.Option(help="control-plane URL")] = None,
+    agent_key: Annotated[str | None, typer.Option(help="API key with role agent")] = None,
+    ingest_key: Annotated[
+        str | None, typer.Option(help="API key with role ingest, for the engine's records")
+    ] = None,
+    member_id: Annotated[str | None, typer.Option(help="fleet id; default host:port")] = None,
+    advertise_url: Annotated[str | None, typer.Option(help="URL others reach it at")] = None,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="TMPDIR/cache/log folder; default a temporary one")
+    ] = None,
+    kv_max_age_s: Annotated[float, typer.Option(help="KV folder GC: max age")] = 600.0,
+    kv_max_bytes: Annotated[int, typer.Option(help="KV folder GC: max total bytes")] = 1 << 30,
+    heartbeat_interval_s: Annotated[float, typer.Option(help="agent heartbeat period")] = 5.0,
+    print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,
+) -> None:
+    """Start and supervise one vLLM server (restarts, KV folder GC, control-plane agent).
+
+    It restarts the server if it dies, keeps the shared KV folder bounded, and registers
+    with the control plane and beats when --control-plane is given."""
+    if engine not in ENGINES:
+        typer.echo(f"error: --engine must be one of {', '.join(ENGINES)}, got {engine!r}", err=True)
+        raise typer.Exit(code=2)
+    engine_env = {}
+    if control_plane and ingest_key:
+        engine_env = dict(zip(PLUGIN_ENV, (control_plane, ingest_key), strict=True))
+    try:
+        spec = VllmSpec(
+            model=model.resolve(),
+            port=port,
+            host=host,
+            device=device,
+            kv_dir=kv_dir.resolve() if kv_dir else None,
+            cpu=cpu,
+            served_model_name=served_model_name,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=not compile_model,
+            engine_env=engine_env,
+        )
+        policy = KVFolderPolicy(max_age_s=kv_max_age_s, max_bytes=kv_max_bytes)
+        agent = None
+        if control_plane:
+            agent = AgentSettings(
+                url=control_plane,
+                key=agent_key,
+                member_id=member_id or f"{host}:{port}",
+                endpoint=advertise_url or spec.url,
+                model=spec.model_name,
+                heartbeat_interval_s=heartbeat_interval_s,
+            )
+    except (SpecError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    if print_plan:
+        plan = build_launch(spec, run_dir=run_dir or Path("RUN_DIR"), base_env={})
+        typer.echo(json.dumps({"argv": plan.argv, "env": plan.env}, indent=2))
+        return
+    if not (model / "config.json").is_file():
+        typer.echo(f"error: --model {model} has no config.json", err=True)
+        raise typer.Exit(code=2)
+    _serve(spec, role, policy, agent, run_dir)
+
+
+def _serve(
+    spec: VllmSpec,
+    role: Role,
+    policy: KVFolderPolicy,
+    agent: AgentSettings | None,
+    run_dir: Path | None,
+) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    temporary = run_dir is None
+    folder = Path(tempfile.mkdtemp(prefix=f"goodput-worker-{spec.port}-")) if temporary else run_dir
+    assert folder is not None
+    supervisor = WorkerSupervisor(
+        spec,
+        run_dir=folder,
+        role=role,
+        settings=SupervisorSettings(kv_policy=policy),
+        agent=agent,
+    )
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    supervisor.start()
+    try:
+        try:
+            supervisor.wait_ready(timeout_s=supervisor.settings.ready_timeout_s)
+            typer.echo(f"worker ready: {spec.url} (role {role.value}, log {folder})", err=True)
+        except ServerError as exc:
+            typer.echo(f"warning: {exc}", err=True)  # the supervisor keeps retrying
+        while not done.wait(1.0):
+            pass
+    finally:
+        supervisor.stop()
+        if temporary:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``goodput worker`` to ``app``."""
+    app.command("worker")(worker)
