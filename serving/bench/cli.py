@@ -157,7 +157,9 @@ def run_bench(options: BenchOptions, out: IO[str] | None = None) -> dict[str, An
     result = {
         "summary": summary,
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
-        "requests": per_request(run.records, plan.send_s.tolist()),
+        "requests": per_request(
+            run.records, dict(zip(run.request_ids, plan.send_s.tolist(), strict=True))
+        ),
     }
     print(format_summary(summary), file=stream, flush=True)
     if options.out is not None:

@@ -13,6 +13,7 @@ ITL percentile instead of the largest gap).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -100,8 +101,11 @@ def summarize(
     }
 
 
-def per_request(records: list[RequestRecord], send_s: list[float]) -> list[dict[str, Any]]:
-    """One JSON-ready row per request: ids, lengths, status, TTFT/TPOT/E2EL (s), ITL gaps."""
+def per_request(
+    records: list[RequestRecord], scheduled_s: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """One JSON-ready row per request: id, send time in the plan (``scheduled_s`` by request
+    id), lengths, status, TTFT/TPOT/E2EL (s) and ITL gaps."""
     batch = RecordBatch.from_records(records)
     lat = request_latencies(batch, validate=False)
     gaps, _ = itl_gaps_s(batch, validate=False)
@@ -111,7 +115,7 @@ def per_request(records: list[RequestRecord], send_s: list[float]) -> list[dict[
         out.append(
             {
                 "request_id": record.request_id,
-                "scheduled_s": send_s[i],
+                "scheduled_s": scheduled_s.get(record.request_id),
                 "status": record.status.name.lower(),
                 "reason": record.reason,
                 "prompt_tokens": record.prompt_tokens,

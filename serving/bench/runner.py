@@ -14,6 +14,7 @@ computes every metric from them with the exporters' metric core.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,13 +28,15 @@ from exporters.sinks import InMemorySink
 from serving.bench.prompts import RequestPlan
 from serving.gateway.sse import EventSplitter, StreamAccounting
 
-__all__ = ["BenchRun", "run_plan"]
+__all__ = ["BenchRun", "run_plan", "stream_request"]
 
 
 @dataclass(frozen=True, slots=True)
 class BenchRun:
     """What a replay produced: one final record per request sent, in send order, and the
-    run's duration (first send to last finish, as ``vllm bench serve`` measures it)."""
+    run's duration (first send to last finish, as ``vllm bench serve`` measures it).
+    ``request_ids[i]`` is planned request *i*'s id. A replay stopped early has fewer
+    records than its plan (its in-flight requests are cancelled and recorded ``ABORTED``)."""
 
     records: list[RequestRecord]
     duration_s: float
@@ -51,10 +54,13 @@ async def run_plan(
     headers: dict[str, str] | None = None,
     on_done: Callable[[RequestRecord], None] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    stop: threading.Event | None = None,
 ) -> BenchRun:
     """Replay ``plan`` (with ``prompts[i]`` for request *i*) against ``url`` and wait for
     every request to finish. ``on_done`` is called with each final record (a progress
-    bar). ``timeout_s`` bounds each request's wait for a chunk and its connection."""
+    bar). ``timeout_s`` bounds each request's wait for a chunk and its connection.
+    Setting ``stop`` (from any thread) ends the replay early: no more requests are sent
+    and those in flight are cancelled (the client disconnects)."""
     if len(prompts) != len(plan):
         raise ValueError(f"prompts: expected {len(plan)} (one per request), got {len(prompts)}")
     sink = InMemorySink()
@@ -80,7 +86,7 @@ async def run_plan(
                 "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             }
-            record = await _send(client, recorder, ids[i], labels, body)
+            record = await stream_request(client, recorder, ids[i], labels, body)
             if on_done is not None:
                 on_done(record)
             return record
@@ -88,24 +94,46 @@ async def run_plan(
         loop = asyncio.get_running_loop()
         start = loop.time()
         first_send = time.perf_counter()
-        tasks = []
+        tasks: list[asyncio.Task[RequestRecord]] = []
         for i, send_s in enumerate(plan.send_s.tolist()):
-            delay = start + send_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if not await _wait_until(loop, start + send_s, stop):
+                break
             tasks.append(asyncio.create_task(one(i)))
-        records = list(await asyncio.gather(*tasks))
+        pending = set(tasks)
+        while pending and not (stop is not None and stop.is_set()):
+            _, pending = await asyncio.wait(pending, timeout=0.1)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         duration_s = time.perf_counter() - first_send
+    records = sink.records
+    order = {request_id: i for i, request_id in enumerate(ids)}
+    records.sort(key=lambda r: order[r.request_id])
     return BenchRun(records=records, duration_s=duration_s, request_ids=ids)
 
 
-async def _send(
+async def _wait_until(
+    loop: asyncio.AbstractEventLoop, when: float, stop: threading.Event | None
+) -> bool:
+    """Sleep until ``when`` on ``loop``'s clock; ``False`` if ``stop`` was set first."""
+    while True:
+        if stop is not None and stop.is_set():
+            return False
+        delay = when - loop.time()
+        if delay <= 0:
+            return True
+        await asyncio.sleep(delay if stop is None else min(delay, 0.1))
+
+
+async def stream_request(
     client: httpx.AsyncClient,
     recorder: RequestRecorder,
     request_id: str,
     labels: Labels,
     body: dict[str, Any],
 ) -> RequestRecord:
+    """Send one streaming completion (``body``) and return its final client-side record:
+    ``OK`` when the stream ended with ``[DONE]``, else ``ERROR`` with the reason."""
     trace = recorder.start(request_id, labels, expected_tokens=int(body["max_tokens"]))
     acct = StreamAccounting(client_usage=True, client_continuous=True)
     try:
@@ -124,6 +152,9 @@ async def _send(
     except httpx.HTTPError as exc:
         trace.set_counts(prompt_tokens=acct.prompt_tokens)
         return trace.finish(Status.ERROR, f"{type(exc).__name__}: {exc}"[:300])
+    except asyncio.CancelledError:
+        trace.finish(Status.ABORTED, "replay stopped")
+        raise
     trace.set_counts(prompt_tokens=acct.prompt_tokens, cached_tokens=acct.cached_tokens)
     if acct.error is not None:
         return trace.finish(Status.ERROR, acct.error[:300])

@@ -65,7 +65,7 @@ def test_summary_counts_latencies_and_goodput() -> None:
 
 def test_per_request_rows() -> None:
     rows = per_request([rec("a", [100_000, 110_000, 130_000]), rec("d", [], Status.ERROR)],
-                       [0.0, 0.5])  # fmt: skip
+                       {"a": 0.0, "d": 0.5})  # fmt: skip
     assert rows[0]["request_id"] == "a" and rows[0]["status"] == "ok"
     assert rows[0]["ttft_s"] == 0.1 and rows[0]["itl_s"] == pytest.approx([0.01, 0.02])
     assert rows[1]["ttft_s"] is None and rows[1]["itl_s"] == [] and rows[1]["scheduled_s"] == 0.5

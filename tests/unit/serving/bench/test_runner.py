@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from exporters.records import Status
@@ -52,3 +54,19 @@ async def test_failures_are_error_records() -> None:
     run = await run_plan(URL, "m", ["a"], plan([3], [0.0]), transport=upstream.transport)
     assert (run.records[0].status, run.records[0].output_tokens) == (Status.ERROR, 1)
     assert run.records[0].reason.startswith("ReadError")
+
+
+async def test_stop_ends_the_replay_and_aborts_what_is_in_flight() -> None:
+    upstream = FakeUpstreams(URL)
+    upstream[URL].delay_s = 0.02
+    stop = threading.Event()
+
+    def on_done(record: object) -> None:
+        stop.set()  # after the first request; the second is in flight, the third unsent
+
+    run = await run_plan(URL, "m", ["a", "b", "c"], plan([1, 500, 1], [0.0, 0.0, 30.0]),
+                         transport=upstream.transport, stop=stop, on_done=on_done)  # fmt: skip
+    assert [(r.request_id, r.status) for r in run.records] == [
+        ("bench-0", Status.OK), ("bench-1", Status.ABORTED)]  # fmt: skip
+    assert run.records[1].reason == "replay stopped" and run.duration_s < 5
+    assert run.request_ids == ["bench-0", "bench-1", "bench-2"]

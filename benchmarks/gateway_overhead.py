@@ -1,0 +1,174 @@
+"""What the gateway adds to TTFT and ITL, against the same vLLM instance reached directly.
+
+Starts one vLLM server (the tiny model, no KV connector) and one gateway process in
+colocated mode in front of it (``goodput gateway --colocated URL``), warms both paths, then
+sends the same kind of request alternately direct and through the gateway, one at a time
+(interleaved, the order flipped every pair, so drift and noise hit both paths alike).
+Each request has a prompt of its own (no prefix-cache hit favours either path) of
+``--prompt-words`` words and asks for ``--output-tokens`` tokens with ``ignore_eos``.
+TTFT and ITL gaps come from client-side records (the bench's ``stream_request``, the
+exporters' metric core). The added latency is the gateway path's percentile minus the
+direct path's, per metric.
+
+Last line: ``{"ttft_added_ms_p50", "ttft_added_ms_p99", "itl_added_ms_p50",
+"itl_added_ms_p99", ...}`` (plus both paths' own percentiles and the sample sizes).
+Goal (issue 4): ≤ 2 ms TTFT and ≤ 0.3 ms ITL at p50.
+
+    python benchmarks/gateway_overhead.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from exporters.latency import itl_gaps_s, request_latencies  # noqa: E402
+from exporters.recorder import RequestRecorder  # noqa: E402
+from exporters.records import Labels, RecordBatch, RequestRecord, Status, Vantage  # noqa: E402
+from exporters.sinks import InMemorySink  # noqa: E402
+from serving.bench.runner import stream_request  # noqa: E402
+
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready within {timeout_s:g} s")
+
+
+async def measure(
+    direct: str, gateway: str, model: str, pairs: int, prompt_words: int, output_tokens: int
+) -> dict[str, list[RequestRecord]]:
+    recorder = RequestRecorder(Vantage.GATEWAY, InMemorySink())
+    rng = np.random.default_rng(0)
+    out: dict[str, list[RequestRecord]] = {"direct": [], "gateway": []}
+    timeout = httpx.Timeout(60.0)
+    async with (
+        httpx.AsyncClient(base_url=direct, timeout=timeout) as to_direct,
+        httpx.AsyncClient(base_url=gateway, timeout=timeout) as to_gateway,
+    ):
+        clients = {"direct": to_direct, "gateway": to_gateway}
+
+        async def one(path: str, i: int, keep: bool) -> None:
+            words = rng.choice(WORDS, size=prompt_words).tolist()
+            body = {
+                "model": model,
+                "prompt": f"{path} {i} " + " ".join(words),
+                "max_tokens": output_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            record = await stream_request(
+                clients[path], recorder, f"{path}-{i}", Labels(model=model), body
+            )
+            if record.status != Status.OK:
+                raise RuntimeError(f"{path} request {i} failed: {record.reason}")
+            if keep:
+                out[path].append(record)
+
+        for i in range(4):  # warm both paths (connections, compile caches)
+            await one("direct", -1 - i, keep=False)
+            await one("gateway", -1 - i, keep=False)
+        for i in range(pairs):
+            order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+            for path in order:
+                await one(path, i, keep=True)
+    return out
+
+
+def percentiles(records: list[RequestRecord]) -> dict[str, float]:
+    batch = RecordBatch.from_records(records)
+    ttft_ms = request_latencies(batch).ttft_s * 1e3
+    itl_ms = itl_gaps_s(batch)[0] * 1e3
+    return {
+        "ttft_ms_p50": float(np.percentile(ttft_ms, 50)),
+        "ttft_ms_p99": float(np.percentile(ttft_ms, 99)),
+        "itl_ms_p50": float(np.percentile(itl_ms, 50)),
+        "itl_ms_p99": float(np.percentile(itl_ms, 99)),
+        "num_gaps": int(itl_ms.shape[0]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (CI)")
+    parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--prompt-words", type=int, default=150)
+    parser.add_argument("--output-tokens", type=int, default=None)
+    args = parser.parse_args()
+    pairs = args.pairs or (20 if args.quick else 100)
+    output_tokens = args.output_tokens or (32 if args.quick else 64)
+
+    from serving.model import build_tiny_model, default_model_dir
+    from serving.workers import VllmServer, VllmSpec
+
+    model_dir = build_tiny_model(default_model_dir())
+    with tempfile.TemporaryDirectory(prefix="goodput-gw-bench-") as tmp:
+        spec = VllmSpec(model=model_dir, port=free_port(), cpu=0, served_model_name="tiny")
+        server = VllmServer(spec, run_dir=Path(tmp) / "vllm")
+        gateway_port = free_port()
+        gateway: subprocess.Popen[bytes] | None = None
+        server.start()
+        try:
+            server.wait_ready(timeout_s=300)
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "goodput", "gateway", "--port", str(gateway_port),
+                 "--colocated", spec.url, "--log-level", "WARNING"],
+                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            )  # fmt: skip
+            gateway_url = f"http://127.0.0.1:{gateway_port}"
+            wait_http(gateway_url + "/health", 60.0, gateway)
+            records = asyncio.run(
+                measure(spec.url, gateway_url, "tiny", pairs, args.prompt_words, output_tokens)
+            )
+        finally:
+            if gateway is not None:
+                gateway.terminate()
+                gateway.wait(10)
+            server.stop()
+    direct, through = percentiles(records["direct"]), percentiles(records["gateway"])
+    result = {
+        "ttft_added_ms_p50": through["ttft_ms_p50"] - direct["ttft_ms_p50"],
+        "ttft_added_ms_p99": through["ttft_ms_p99"] - direct["ttft_ms_p99"],
+        "itl_added_ms_p50": through["itl_ms_p50"] - direct["itl_ms_p50"],
+        "itl_added_ms_p99": through["itl_ms_p99"] - direct["itl_ms_p99"],
+        "direct": direct,
+        "gateway": through,
+        "pairs": pairs,
+        "output_tokens": output_tokens,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
