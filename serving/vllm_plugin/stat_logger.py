@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,6 +91,13 @@ class GoodputStatLogger(StatLoggerBase):
         self.kv_cache_usage = 0.0
         if registry is not None:
             registry.register(_PluginCollector(self))
+        # The exporter's worker sleeps until its queue holds a full batch or someone
+        # flushes: a lone record would wait for the next one. Wake it every flush interval
+        # while records arrive (records exported in between ride along in one batch).
+        self._exported_since_wake = False
+        threading.Thread(
+            target=self._wake_exporter, name="goodput-plugin-wake", daemon=True
+        ).start()
 
     def record(
         self,
@@ -115,6 +124,15 @@ class GoodputStatLogger(StatLoggerBase):
                 self.exporter.export(self.builder.build(finished, now))
             except Exception:  # telemetry never breaks serving
                 logger.exception("goodput: dropping the record of %s", finished.request_id)
+            self._exported_since_wake = True
+
+    def _wake_exporter(self) -> None:
+        interval = self.exporter.flush_interval_s
+        while True:
+            time.sleep(interval)
+            if self._exported_since_wake:
+                self._exported_since_wake = False
+                self.exporter.force_flush(timeout_s=0.0)  # starts the send, does not wait
 
     def log_engine_initialized(self) -> None:
         if self.enabled:

