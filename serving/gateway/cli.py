@@ -72,6 +72,12 @@ def gateway(
     prefill_timeout: Annotated[
         float, typer.Option(min=0.1, help="seconds allowed for a whole prefill call")
     ] = 120.0,
+    cooldown: Annotated[
+        float, typer.Option(min=0, help="seconds a failed instance is skipped")
+    ] = 5.0,
+    fleet_refresh: Annotated[
+        float, typer.Option(min=0.1, help="seconds between fleet-registry reads")
+    ] = 5.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
@@ -83,6 +89,8 @@ def gateway(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every upstream call at INFO: a line per request on the serving path.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     extra = {"gateway_id": gateway_id} if gateway_id else {}
     try:
         config = GatewayConfig(
@@ -99,6 +107,8 @@ def gateway(
             default_tenant=default_tenant,
             chunk_timeout_s=chunk_timeout,
             prefill_timeout_s=prefill_timeout,
+            cooldown_s=cooldown,
+            fleet_refresh_s=fleet_refresh,
             **extra,
         )
     except (GatewayConfigError, ValueError) as exc:

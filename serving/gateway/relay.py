@@ -144,6 +144,7 @@ class _Job:
                 cached_tokens=acct.cached_tokens,
             )
             self.trace.finish(self.status, self.reason)
+            gw.num_finished += 1
 
     async def _serve(self) -> None:
         gw, req = self.gw, self.req
