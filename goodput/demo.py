@@ -250,6 +250,7 @@ def _replay(
         target=driver.run, args=(stop, options.duration_s), name="goodput-replay"
     )
     thread.start()
+    last = ""
     try:
         while thread.is_alive() and not stop.wait(options.interval_s):
             if not server.alive():
@@ -257,11 +258,14 @@ def _replay(
                     f"the control plane exited with code {server.process.returncode}:\n"
                     f"{server.log_tail()}"
                 )
-            say(_summary(options, setup, client, exporter, driver))
+            last = _summary(options, setup, client, exporter, driver)
+            say(last)
         stop.set()
         thread.join()
         exporter.shutdown(timeout_s=5.0)  # delivers what finished before the end
-        say(_summary(options, setup, client, exporter, driver))
+        final = _summary(options, setup, client, exporter, driver)
+        if final != last:  # the run may have ended right on a summary tick
+            say(final)
         progress = driver.stats()
         say(
             f"goodput demo: stopped after {progress.elapsed_s:.0f} s; {progress.num_arrived} "
