@@ -249,7 +249,7 @@ def tiny_model() -> Path:
     return build_tiny_model(default_model_dir())
 
 
-def _mint_keys(database_url: str) -> dict[str, str]:
+def mint_keys(database_url: str) -> dict[str, str]:
     from controlplane.db import create_engine_for, session_factory, utcnow
     from controlplane.models import Role as KeyRole
     from controlplane.services import keys as key_service
@@ -287,7 +287,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         url=f"http://127.0.0.1:{port}",
         port=port,
         database_url=database_url,
-        keys=_mint_keys(database_url),
+        keys=mint_keys(database_url),
     )
     plane.start()
     try:
