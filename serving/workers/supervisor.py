@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -51,7 +51,13 @@ from serving.workers.kv_folder import GCResult, KVFolder, KVFolderPolicy
 from serving.workers.launcher import ServerError, VllmServer
 from serving.workers.load import WorkerLoad, parse_load
 
-__all__ = ["SupervisorSettings", "WorkerState", "WorkerStatus", "WorkerSupervisor"]
+__all__ = [
+    "ServerHandle",
+    "SupervisorSettings",
+    "WorkerState",
+    "WorkerStatus",
+    "WorkerSupervisor",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +114,25 @@ class WorkerStatus:
     kv_gc: GCResult | None
 
 
+class ServerHandle(Protocol):
+    """What the supervisor needs of a server (:class:`VllmServer` is the real one)."""
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def start(self) -> None: ...
+    def alive(self) -> bool: ...
+    def healthy(self, timeout_s: float = 2.0) -> bool: ...
+    def kill(self) -> None: ...
+    def stop(self, timeout_s: float = 20.0) -> None: ...
+    def log_tail(self, num_bytes: int = 4000) -> str: ...
+
+
 class WorkerSupervisor:
     """One supervised vLLM server; see the module docstring. ``agent`` (optional) registers
-    the worker with a control plane; ``kv_folder`` defaults to the spec's ``kv_dir``."""
+    the worker with a control plane; ``kv_folder`` defaults to the spec's ``kv_dir``;
+    ``server`` replaces the :class:`VllmServer` built from ``spec`` (tests)."""
 
     def __init__(
         self,
@@ -121,10 +143,11 @@ class WorkerSupervisor:
         settings: SupervisorSettings | None = None,
         agent: AgentSettings | None = None,
         kv_folder: KVFolder | None = None,
+        server: ServerHandle | None = None,
     ) -> None:
         self.spec = spec
         self.settings = settings or SupervisorSettings()
-        self.server = VllmServer(spec, run_dir=run_dir)
+        self.server: ServerHandle = server or VllmServer(spec, run_dir=run_dir)
         if kv_folder is None and spec.kv_dir is not None:
             kv_folder = KVFolder.for_model(spec.kv_dir, spec.model)
         self.kv_folder = kv_folder

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from exporters.commands import CommandKind, Role
 from serving.workers import WorkerState
 
 from .conftest import READY_TIMEOUT_S, ControlPlane, PDPair, complete, token_prompt
@@ -59,3 +60,31 @@ def test_killed_server_is_restarted(pd_pair: PDPair) -> None:
     assert after.state is WorkerState.READY
     answer = complete(worker.url, token_prompt(20, seed=2), max_tokens=3)
     assert answer["usage"]["completion_tokens"] == 3
+
+
+def _member_state(control_plane: ControlPlane, member_id: str, **expected: str) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        member = next(m for m in control_plane.fleet() if m["id"] == member_id)
+        if all(member[k] == v for k, v in expected.items()):
+            return
+        assert time.monotonic() < deadline, (member, expected)
+        time.sleep(0.3)
+
+
+def test_drain_and_role_changes_reach_the_fleet_registry(
+    pd_pair: PDPair, control_plane: ControlPlane
+) -> None:
+    worker = pd_pair.prefill
+    member_id = worker.agent.settings.member_id  # type: ignore[union-attr]
+    pid = worker.status().pid
+    try:
+        assert worker.apply_command(CommandKind.DRAIN, {}).startswith("draining")
+        _member_state(control_plane, member_id, state="drained")  # idle: nothing in flight
+        worker.apply_command(CommandKind.SET_ROLE, {"role": Role.DECODE})
+        _member_state(control_plane, member_id, role="decode")
+    finally:
+        worker.apply_command(CommandKind.SET_ROLE, {"role": Role.PREFILL})
+        worker.apply_command(CommandKind.RESUME, {})
+    _member_state(control_plane, member_id, state="ready", role="prefill")
+    assert worker.status().pid == pid  # kv_both: no restart for any of it
