@@ -164,7 +164,9 @@ class ControlPlaneExporter:
                 self._pending.popleft()
                 self._num_dropped += 1
             self._pending.append(record)
-            if len(self._pending) == self.max_batch_records:
+            # Wake the worker on the first record (an idle worker sleeps with no timer, so
+            # this starts the flush-interval clock) and on a full batch; never per record.
+            if len(self._pending) in (1, self.max_batch_records):
                 self._cond.notify_all()
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:

@@ -40,6 +40,24 @@ def fast_exporter(url: str, **kwargs: object) -> ControlPlaneExporter:
     return ControlPlaneExporter(url, **settings)  # type: ignore[arg-type]
 
 
+def test_a_lone_record_leaves_within_the_flush_interval_without_a_flush(
+    server: IngestServer, receiver: Receiver, wait_until: WaitUntil
+) -> None:
+    # An idle worker sleeps without a timer: the first record must wake it, or a quiet
+    # producer's records would wait for a full batch (or for shutdown).
+    exporter = fast_exporter(server.url, flush_interval_s=0.05, max_batch_records=512)
+    recorder = RequestRecorder(Vantage.GATEWAY, exporter)
+    try:
+        wait_until(lambda: exporter.stats().num_pending_records == 0)  # worker idle
+        record_requests(recorder, range(1))
+        wait_until(lambda: receiver.count() == 1)
+        record_requests(recorder, range(1, 2))  # and again after it went idle
+        wait_until(lambda: receiver.count() == 2)
+    finally:
+        exporter.shutdown(2.0)
+    assert receiver.request_ids() == ["r0000", "r0001"]
+
+
 def test_every_record_arrives_exactly_once_across_an_outage(
     server: IngestServer, receiver: Receiver, wait_until: WaitUntil
 ) -> None:
