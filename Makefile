@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install test test-unit lint typecheck bench clean
+.PHONY: install demo test test-unit lint typecheck bench clean
 
 # GOODPUT_SKIP_VLLM=1 skips the engine (then the `vllm` test tier cannot run).
 install: $(VENV)/.stamp-install
@@ -17,6 +17,10 @@ $(VENV)/.stamp-install: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $@
+
+# Live goodput of a replayed Azure LLM trace (docs/demo.md); DURATION=60 bounds the run.
+demo: install
+	$(BIN)/python -m goodput demo $(if $(DURATION),--duration $(DURATION))
 
 # All tiers (unit, integration, e2e); the ones needing vLLM or a browser skip themselves
 # only when their extra is not installed, and say so.
