@@ -121,7 +121,8 @@ class _IngestTap:
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            message: dict[str, Any] = await receive()
+            return message
 
         status = 0
 

@@ -41,7 +41,7 @@ class FakeControlPlane:
         assert request.headers["Authorization"] == "Bearer gp_agent"
         path = request.url.path
         self.requests.append(f"{request.method} {path}")
-        body = json.loads(request.content) if request.content else None
+        body: Any = json.loads(request.content) if request.content else None
         base = f"/api/v1/fleet/{MEMBER}"
         if path == "/api/v1/fleet/register":
             self.members[body["id"]] = body

@@ -39,10 +39,9 @@ def test_plain_example_connector_when_atomic_publication_is_off() -> None:
 
 
 def test_cuda_uses_nixl_and_the_gpu_index() -> None:
-    spec = VllmSpec(model=MODEL, port=8100, device="cuda", cpu=3, nixl_side_channel_port=5601)
+    spec = VllmSpec(model=MODEL, port=8100, device=Device.CUDA, cpu=3, nixl_side_channel_port=5601)
     plan = build_launch(spec, run_dir=RUN, base_env={})
 
-    assert spec.device is Device.CUDA
     assert json.loads(_flag(plan.argv, "--kv-transfer-config")) == {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
