@@ -127,6 +127,7 @@ def _serve(
     run_dir: Path | None,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health check
     temporary = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix=f"goodput-worker-{spec.port}-")) if temporary else run_dir
     assert folder is not None
