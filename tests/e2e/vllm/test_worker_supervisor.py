@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -48,14 +50,20 @@ def test_agents_register_and_report_load(pd_pair: PDPair, control_plane: Control
 def test_killed_server_is_restarted(pd_pair: PDPair) -> None:
     worker = pd_pair.decode
     before = worker.status()
+    assert before.pid is not None
 
-    worker.kill_engine()
+    os.kill(before.pid, signal.SIGKILL)  # the API server dies; its engine core is orphaned
+    deadline = time.monotonic() + 30
+    while worker.status().num_crashes == before.num_crashes:
+        assert time.monotonic() < deadline, "the supervisor never noticed the crash"
+        time.sleep(0.1)
     assert worker.status().state in {WorkerState.DOWN, WorkerState.STARTING}
     worker.wait_ready(READY_TIMEOUT_S)
 
     after = worker.status()
     assert after.num_crashes == before.num_crashes + 1
     assert after.num_restarts == before.num_restarts + 1
+    assert after.last_exit_code == -signal.SIGKILL
     assert after.pid is not None and after.pid != before.pid
     assert after.state is WorkerState.READY
     answer = complete(worker.url, token_prompt(20, seed=2), max_tokens=3)
