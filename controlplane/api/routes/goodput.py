@@ -9,8 +9,8 @@
   ``goodput_stream_interval_s`` (1 s) with every SLO's stats over 10 s, 1 min and 5 min;
   it ends when the client goes away or the app shuts down.
 
-``window`` is one of ``10s``, ``1m``, ``5m``, ``1h``, ``1d``, ``compliance`` (the SLO's own
-window); anything else is a 400 naming them. A key scoped to a tenant sees only SLOs whose
+``window`` is one of ``10s``, ``1m`` (default), ``5m``, ``1h``, ``1d``, ``compliance`` (the
+SLO's own window); anything else is a 400 naming them. A key scoped to a tenant sees only SLOs whose
 selector has that tenant, and may dry-run only such SLOs. The numbers are the engine's
 (``controlplane.goodput``): attainment and counts exact, percentiles within the sketch's 1 %.
 """
@@ -55,7 +55,9 @@ MAX_DRY_RUN_WINDOW_S = 3600.0
 _BAD_WINDOW: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "Unknown window name"}
 }
-WindowQuery = Annotated[str, Query(max_length=20, description=f"one of {list(WINDOWS)}")]
+WindowQuery = Annotated[
+    str, Query(max_length=20, description=f"one of {list(WINDOWS)} (default 1m)")
+]
 
 
 class LatencyPercentilesPublic(BaseModel):
@@ -139,7 +141,11 @@ def _visible(selector: Mapping[str, str], tenant: str | None) -> bool:
 
 @router.get("/slos/{slo_ref}/goodput", responses={**_BAD_WINDOW, **responses(404)})
 async def slo_goodput(
-    principal: Viewer, session: SessionDep, request: Request, slo_ref: Ref, window: WindowQuery
+    principal: Viewer,
+    session: SessionDep,
+    request: Request,
+    slo_ref: Ref,
+    window: WindowQuery = "1m",
 ) -> GoodputStatsPublic:
     """The SLO's goodput, attainment, error budget, burn rate and latency percentiles."""
     name = _window(window)
@@ -157,7 +163,9 @@ async def slo_goodput(
 
 
 @router.get("/goodput", responses=_BAD_WINDOW)
-async def all_goodput(principal: Viewer, request: Request, window: WindowQuery) -> GoodputsPublic:
+async def all_goodput(
+    principal: Viewer, request: Request, window: WindowQuery = "1m"
+) -> GoodputsPublic:
     """Every SLO's stats over ``window``, in the engine's order (by name)."""
     name = _window(window)
     live = _live(request)

@@ -213,6 +213,9 @@ async def test_windows_are_named_and_unknown_slos_are_404(
         response = await client.get(url, headers=viewer_headers)
         assert response.status_code == 400
         assert response.json() == {"detail": message}
+    default = await client.get(f"{SLOS}/chat/goodput", headers=viewer_headers)
+    assert default.json()["window_s"] == 60
+    assert (await client.get("/api/v1/goodput", headers=viewer_headers)).status_code == 200
     response = await client.get(f"{SLOS}/nope/goodput?window=1m", headers=viewer_headers)
     assert response.status_code == 404
     assert response.json() == {"detail": "SLO with name 'nope' not found"}
