@@ -1,0 +1,113 @@
+"""Iteration times of one instance, composed from the fitted H100 curves.
+
+* A **decode** iteration of ``B`` sequences whose KV caches hold ``C`` tokens takes the
+  decode curve at ``(B, C)``.
+* An iteration with **prefill** work pushes its prefill chunks and its decodes (one token
+  each) through the same GEMMs, so it takes the prefill curve at ``x = chunk tokens + B``,
+  with causal attention ``c·Σ(l² + 2·l·p)`` for a chunk of ``l`` tokens after ``p`` tokens
+  already in the KV cache (cached prefix or earlier chunks: chunks of one prompt add up to
+  its ``c·L²``), plus the decodes' KV reads ``k·C``.
+* A **run** of ``n`` decode iterations of a fixed batch (nothing joins or leaves) is one
+  numpy expression: the context grows by ``growth`` tokens per iteration, so iteration
+  ``i`` takes ``decode(B, C) + k·growth·i``, and the end times are a cumulative sum.
+
+Jitter (``jitter_ratio > 0``) scales each iteration by ``1 + jitter_ratio·u`` with ``u``
+uniform in ``[-1, 1)``, drawn in blocks from the instance's generator so that results
+depend on the seed and the inputs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from serving.sim.latency_model import LatencyModel
+
+__all__ = ["Seed", "StepTimer"]
+
+F64 = npt.NDArray[np.float64]
+Seed = int | Sequence[int] | None
+_NOISE_BLOCK = 4096
+
+
+class StepTimer:
+    """Iteration times for one instance (see the module docstring)."""
+
+    __slots__ = (
+        "_decode",
+        "_decode_coefficients",
+        "_kd",
+        "_noise",
+        "_noise_at",
+        "_noise_list",
+        "_prefill",
+        "_ramp",
+        "_rng",
+        "jitter",
+    )
+
+    def __init__(self, latency: LatencyModel, jitter_ratio: float = 0.0, seed: Seed = None) -> None:
+        self._prefill = latency.profile.prefill
+        self._decode = decode = latency.profile.decode
+        self._kd = decode.per_attention_unit_s
+        self._decode_coefficients = (
+            decode.base_s,
+            decode.per_unit_s,
+            float(decode.knee),
+            decode.per_unit_above_knee_s,
+        )
+        self.jitter = jitter_ratio
+        self._rng = np.random.default_rng(seed)
+        self._noise = np.zeros(0, dtype=np.float64)
+        self._noise_list: list[float] = []
+        self._noise_at = 0
+        self._ramp = np.arange(1024, dtype=np.float64)
+
+    def _refill(self, n: int) -> None:
+        if self._noise_at + n > self._noise.shape[0]:
+            size = max(_NOISE_BLOCK, n)
+            self._noise = 1.0 + self.jitter * self._rng.uniform(-1.0, 1.0, size)
+            self._noise_list = self._noise.tolist()
+            self._noise_at = 0
+
+    def iteration_s(
+        self, chunk_tokens: int, attention_units: int, num_decodes: int, decode_context: int
+    ) -> float:
+        """One iteration: prefill chunks (``chunk_tokens`` in all, ``attention_units`` =
+        ``Σ(l² + 2·l·p)``) beside ``num_decodes`` decodes reading ``decode_context`` tokens."""
+        if chunk_tokens:
+            seconds = (
+                self._prefill.at(float(chunk_tokens + num_decodes), float(attention_units))
+                + self._kd * decode_context
+            )
+        else:
+            seconds = self._decode.at(float(num_decodes), float(decode_context))
+        if self.jitter:
+            self._refill(1)
+            seconds *= self._noise_list[self._noise_at]
+            self._noise_at += 1
+        return seconds
+
+    def decode_run_ends(
+        self, start_s: float, batch: int, context: int, growth: int, num_steps: int
+    ) -> F64:
+        """End times of ``num_steps`` decode iterations of ``batch`` sequences starting at
+        ``start_s`` with ``context`` KV tokens, growing by ``growth`` per iteration."""
+        if num_steps > self._ramp.shape[0]:
+            self._ramp = np.arange(max(num_steps, 2 * self._ramp.shape[0]), dtype=np.float64)
+        base, per_seq, knee, above = self._decode_coefficients  # StepCurve.at, inlined
+        first = base + per_seq * batch + self._kd * context
+        if batch > knee:
+            first += above * (batch - knee)
+        steps = self._ramp[:num_steps] * (self._kd * growth)
+        steps += first
+        if self.jitter:
+            self._refill(num_steps)
+            at = self._noise_at
+            steps *= self._noise[at : at + num_steps]
+            self._noise_at = at + num_steps
+        steps.cumsum(out=steps)
+        steps += start_s
+        return steps
