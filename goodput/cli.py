@@ -8,6 +8,7 @@
     goodput demo [--duration S]  (docs/demo.md)
     goodput gateway --port P --prefill URL --decode URL | --colocated URL  (docs/gateway.md)
     goodput bench --url URL --trace NAME --rate-scale X --duration S --slo ttft=0.2,itl=0.05
+    goodput sim --trace NAME --cluster 'prefill=N,decode=M,model=...' ...  (docs/simulator.md)
     goodput model build-tiny [DIR] [--seed N]  (docs/serving.md)
     goodput worker --engine vllm --model DIR --role R --port P ...  (docs/serving.md)
 
@@ -39,6 +40,7 @@ from goodput.demo import demo as demo_command
 from serving.bench.cli import bench as bench_command
 from serving.gateway.cli import gateway as gateway_command
 from serving.model.cli import register as register_model_commands
+from serving.sim.cli import sim as sim_command
 from serving.workers.cli import register as register_worker_commands
 
 __all__ = ["app", "main"]
@@ -63,6 +65,7 @@ app.add_typer(slo_app, name="slo")
 app.command("demo")(demo_command)
 app.command("gateway")(gateway_command)
 app.command("bench")(bench_command)
+app.command("sim")(sim_command)
 register_model_commands(app)
 register_worker_commands(app)
 
