@@ -117,8 +117,13 @@ def load_policy(name: str) -> SimPolicy:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise PolicyError(f"policy: cannot load {name!r} ({exc})") from None
-    is_object = isinstance(target, SimPolicy) and not isinstance(target, type)
-    policy = target if is_object else target()
+    if isinstance(target, SimPolicy) and not isinstance(target, type):
+        policy = target
+    else:
+        try:
+            policy = target()
+        except TypeError as exc:
+            raise PolicyError(f"policy: cannot create {name!r} with no arguments ({exc})") from None
     if not isinstance(policy, SimPolicy):
         raise PolicyError(
             f"policy: {name!r} is not a SimPolicy (needs interval_s, admit(info) and "

@@ -55,7 +55,11 @@ def build_workload(
         raise TraceError(f"duration_s: must be a finite number > 0, got {duration_s!r}")
     if not (math.isfinite(rate_scale) and rate_scale > 0):
         raise TraceError(f"rate_scale: must be a finite number > 0, got {rate_scale!r}")
-    base = trace.slice(start_s, trace.duration_s - start_s + 1.0) if start_s else trace
+    base = trace
+    if start_s and not (math.isfinite(start_s) and 0 <= start_s <= trace.duration_s):
+        base = Trace(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), name=trace.name)
+    elif start_s:
+        base = trace.slice(start_s, trace.duration_s - start_s + 1.0)
     if not len(base):
         raise TraceError(
             f"{trace.name or 'trace'}: no request after start_s={start_s:g} s "
