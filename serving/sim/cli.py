@@ -66,10 +66,10 @@ def run_sim(
     try:
         objectives = tuple(parse_slo(slo))
         spec = parse_cluster(cluster, colocated=colocated)
-        workload = build_workload(
+        chosen = load_policy(policy)
+        workload = build_workload(  # last: the only input that reads a file
             load_trace(trace), rate_scale=rate_scale, duration_s=duration_s, start_s=start_s
         )
-        chosen = load_policy(policy)
     except (SLOError, ClusterSpecError, TraceError, PolicyError) as exc:
         raise SimCommandError(str(exc)) from None
     if not len(workload):
