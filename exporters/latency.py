@@ -38,6 +38,7 @@ __all__ = [
     "ItlGroups",
     "RequestLatencies",
     "itl_gaps_s",
+    "itl_gaps_us",
     "itl_percentile_s",
     "request_latencies",
 ]
@@ -68,13 +69,20 @@ class RequestLatencies:
         return int(self.ttft_s.shape[0])
 
 
-def request_latencies(batch: RecordBatch, *, validate: bool = True) -> RequestLatencies:
+def request_latencies(
+    batch: RecordBatch,
+    *,
+    validate: bool = True,
+    gaps: tuple[I64, I64] | None = None,
+) -> RequestLatencies:
     """TTFT, TPOT, E2EL, the largest ITL gap, output tokens and gap count per request.
 
     With ``validate`` (the default) the batch is first checked with
     :meth:`RecordBatch.validate`, which rejects non-monotonic token times with a
     :class:`~exporters.records.RecordError` naming the request. Pass ``validate=False`` only
-    for a batch that was validated already (for example by the wire decoder).
+    for a batch that was validated already (for example by the wire decoder). ``gaps``:
+    :func:`itl_gaps_us` of this same batch, when the caller has them already (the gaps are
+    then not taken again).
     """
     if validate:
         batch.validate()
@@ -87,7 +95,12 @@ def request_latencies(batch: RecordBatch, *, validate: bool = True) -> RequestLa
     last_us = np.zeros(n, dtype=np.int64)
     first_us[has] = offsets[starts[:-1][has]]
     last_us[has] = offsets[starts[1:][has] - 1]
-    output_tokens = batch.output_tokens().astype(np.int64, copy=False)
+    # Output tokens per row: one reduceat over the non-empty rows (no cumsum of every token).
+    output_tokens = np.zeros(n, dtype=np.int64)
+    if has.any():
+        output_tokens[has] = np.add.reduceat(
+            batch.emission_tokens, starts[:-1][has], dtype=np.int64
+        )
 
     ttft_s = np.full(n, np.nan)
     ttft_s[has] = first_us[has] / US_PER_S
@@ -107,7 +120,7 @@ def request_latencies(batch: RecordBatch, *, validate: bool = True) -> RequestLa
         (output_tokens[multi] - 1).astype(np.float64) * US_PER_S
     )
 
-    gaps_us, num_gaps = _full_gaps_us(batch)
+    gaps_us, num_gaps = _full_gaps_us(batch) if gaps is None else gaps
     itl_max_s = np.full(n, np.nan)
     if gaps_us.shape[0]:
         # Gaps are grouped by row, in row order: one reduceat over the non-empty groups.
@@ -133,6 +146,19 @@ def itl_gaps_s(batch: RecordBatch, *, validate: bool = True) -> tuple[F64, I64]:
         batch.validate()
     gaps_us, num_gaps = _full_gaps_us(batch)
     return gaps_us / US_PER_S, _rows_of(num_gaps)
+
+
+def itl_gaps_us(batch: RecordBatch, *, validate: bool = True) -> tuple[I64, I64]:
+    """The ITL gaps of ``FULL``-detail requests in integer µs, and the number per row.
+
+    Gaps come grouped by row in row order (row *i* owns ``num_gaps[i]`` of them), within a
+    row in emission order. The exact integers behind :func:`itl_gaps_s`: a caller that needs
+    gaps, latencies and percentiles of one batch takes the gaps once and passes them on
+    (:func:`request_latencies` ``gaps=``, :meth:`ItlGroups.from_gaps`).
+    """
+    if validate:
+        batch.validate()
+    return _full_gaps_us(batch)
 
 
 def itl_percentile_s(batch: RecordBatch, q: float, *, validate: bool = True) -> F64:
@@ -190,21 +216,33 @@ def _rows_of(counts: I64) -> I64:
 class ItlGroups:
     """The ITL gaps of a batch sorted within each row, ready for any number of percentiles.
 
-    ``sorted_s`` holds row 0's gaps ascending, then row 1's, …; row *i* owns
-    ``sorted_s[group_starts[i]:group_starts[i] + num_gaps[i]]``. Sorting once lets the
-    judge evaluate several ITL percentiles for the price of one sort.
+    Row *i*'s gaps, ascending, in integer µs, are
+    ``sorted_us[group_starts[i]:group_starts[i] + num_gaps[i]]``. Rows are laid out by size
+    class with padding between them (see :func:`_sort_within_rows`), so only those slices
+    are meaningful. Sorting once lets the judge and the engine evaluate several ITL
+    percentiles for the price of one sort.
     """
 
-    sorted_s: F64
+    sorted_us: npt.NDArray[np.signedinteger]
     group_starts: I64
     num_gaps: I64
+
+    @property
+    def sorted_s(self) -> F64:
+        """``sorted_us`` in float seconds (same layout)."""
+        seconds: F64 = self.sorted_us / US_PER_S
+        return seconds
 
     @classmethod
     def of(cls, batch: RecordBatch) -> ItlGroups:
         """Group an already validated batch's gaps (gap values must be >= 0)."""
-        gaps_us, num_gaps = _full_gaps_us(batch)
-        group_starts = np.cumsum(num_gaps) - num_gaps
-        return cls(_sort_within_rows(gaps_us, num_gaps) / US_PER_S, group_starts, num_gaps)
+        return cls.from_gaps(*_full_gaps_us(batch))
+
+    @classmethod
+    def from_gaps(cls, gaps_us: I64, num_gaps: I64) -> ItlGroups:
+        """Group gaps as :func:`itl_gaps_us` returns them (of a validated batch)."""
+        sorted_us, group_starts = _sort_within_rows(gaps_us, num_gaps)
+        return cls(sorted_us, group_starts, num_gaps)
 
     def percentile(self, q: float) -> F64:
         """Per-row ``q``-th percentile (0 < q <= 100) as :func:`itl_percentile_s` defines it."""
@@ -224,46 +262,56 @@ class ItlGroups:
         top = virtual >= (count - 1)
         lo[top] = count[top] - 1
         hi = np.where(top, lo, lo + 1)
-        a = self.sorted_s[base + lo]
-        b = self.sorted_s[base + hi]
+        # Gather the integers, then divide: the same floats as dividing every gap first.
+        a = self.sorted_us[base + lo] / US_PER_S
+        b = self.sorted_us[base + hi] / US_PER_S
         diff = b - a
         # numpy's _lerp: from the nearer end, so the result never leaves [a, b].
         out[has] = np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma)
         return out
 
 
-def _sort_within_rows(values_us: I64, num_values: I64) -> I64:
+def _sort_within_rows(values_us: I64, num_values: I64) -> tuple[npt.NDArray[np.signedinteger], I64]:
     """``values_us`` sorted ascending within each row (row *i* owns ``num_values[i]``).
 
-    Rows are grouped by size class (the power of two at or above their length); each class
-    is scattered into a padded 2-D array, sorted along its rows in one ``np.sort(axis=1)``
-    and gathered back. numpy sorts short rows with SIMD sorting networks, so this is about
-    7x faster than one sort of a composite ``(row, value)`` key and 50x faster than
-    ``np.lexsort``. The Python loop runs once per size class (at most ~60), never per row.
+    Returns ``(buffer, row_starts)``: row *i*'s values, sorted, are
+    ``buffer[row_starts[i]:row_starts[i] + num_values[i]]``. Each row gets a slot of the
+    power of two at or above its length, filled with its values then padding that sorts
+    last (the dtype's maximum); slots are laid out by size class, so each class is one
+    contiguous 2-D block sorted in place along its rows with one ``np.sort(axis=1)``. numpy
+    sorts short rows with SIMD sorting networks, for 32-bit integers up to 512 wide (64-bit:
+    256), so the values are int32 whenever they fit. Scattering into the slots is one
+    vectorised pass; the Python loop runs once per size class (at most ~60), never per row;
+    nothing is gathered back (percentiles read the slots).
     """
+    n = num_values.shape[0]
     if values_us.shape[0] == 0:
-        return values_us
-    low = int(values_us.min())
+        return values_us, np.zeros(n, dtype=np.int64)
+    low, high = int(values_us.min()), int(values_us.max())
     if low < 0:
         raise RecordError(f"emission_offsets_us: negative ITL gap {low} µs; validate the batch")
-    out = values_us.copy()
-    size_class = np.zeros(num_values.shape[0], dtype=np.uint8)
-    multi = num_values > 1
-    # ceil(log2(g)) exactly, from the binary exponent of g - 1 (g < 2**53).
-    size_class[multi] = np.frexp((num_values[multi] - 1).astype(np.float64))[1]
-    group_starts = np.cumsum(num_values) - num_values
-    sentinel = np.iinfo(np.int64).max
-    for exponent in np.unique(size_class[multi]).tolist():
-        rows = np.flatnonzero(multi & (size_class == exponent))
-        counts = num_values[rows]
-        # Positions of these rows' values: each row's range, concatenated in row order.
-        source = np.repeat(group_starts[rows] - (np.cumsum(counts) - counts), counts)
-        source += np.arange(source.shape[0], dtype=np.int64)
-        width = 1 << exponent
-        # Padding sorts last: the first g slots of a padded row are its g values, sorted.
-        valid = np.arange(width) < counts[:, np.newaxis]
-        padded = np.full((counts.shape[0], width), sentinel, dtype=np.int64)
-        padded[valid] = values_us[source]
-        padded.sort(axis=1)
-        out[source] = padded[valid]
-    return out
+    dtype = np.int32 if high <= np.iinfo(np.int32).max else np.int64
+    values = values_us.astype(dtype, copy=False)  # a contiguous cast beats a casting scatter
+    # Size class: ceil(log2(g)) exactly, from the binary exponent of g - 1 (g < 2**53);
+    # 0 for one value; rows without values get no slot.
+    exponent = np.frexp(np.maximum(num_values - 1, 0).astype(np.float64))[1].astype(np.int64)
+    width = np.where(num_values > 0, np.left_shift(1, exponent), 0)
+    order = np.argsort(exponent, kind="stable")
+    slot_width = width[order]
+    row_starts = np.empty(n, dtype=np.int64)
+    row_starts[order] = np.cumsum(slot_width) - slot_width
+    buffer: npt.NDArray[np.signedinteger] = np.full(
+        int(slot_width.sum()), np.iinfo(dtype).max, dtype=dtype
+    )
+    value_starts = np.cumsum(num_values) - num_values
+    destination = np.repeat(row_starts - value_starts, num_values)
+    destination += np.arange(values.shape[0], dtype=np.int64)
+    buffer[destination] = values
+    # Each class (one width) is a contiguous block of whole slots: sort its rows in place.
+    rows_per_width = np.bincount(exponent[num_values > 1], minlength=64)
+    block_start = int(np.count_nonzero(num_values == 1))  # width-1 slots come first
+    for e in np.flatnonzero(rows_per_width).tolist():
+        size = int(rows_per_width[e]) << e
+        buffer[block_start : block_start + size].reshape(-1, 1 << e).sort(axis=1)
+        block_start += size
+    return buffer, row_starts

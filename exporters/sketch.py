@@ -19,6 +19,11 @@ Buckets: index 0 holds ``x < MIN_VALUE_S``; index ``i >= 1`` holds
 is represented by ``BUCKET_VALUES_S[i] = 2·γ^k/(γ + 1)`` for its key ``k``, the point whose
 relative distance to both ends of ``(γ^(k−1), γ^k]`` is ``α``.
 
+Token times are integer microseconds, so :meth:`LatencySketch.bucket_index_us` indexes
+integer-µs values by table lookup (the table is :meth:`bucket_index` itself, evaluated once
+on every µs up to about a second): exactly ``bucket_index(values_us / 1e6)``, several times
+faster than the logarithm.
+
 Example::
 
     sketch = LatencySketch()
@@ -52,6 +57,9 @@ _MAX_VALUE_S = 1e5
 _KEY_MIN = math.ceil(math.log(_MIN_VALUE_S) / _LN_GAMMA)  # -690
 _KEY_MAX = math.ceil(math.log(_MAX_VALUE_S) / _LN_GAMMA)  # 576
 _NUM_BUCKETS = _KEY_MAX - _KEY_MIN + 2  # the zero bucket, then one per key
+# Integer-µs values below this are indexed by table (2 MiB of int16); larger ones by log().
+_US_TABLE_SIZE = 1 << 20
+_US_PER_S = 1e6
 
 
 def _frozen(array: F64) -> F64:
@@ -126,6 +134,30 @@ class LatencySketch:
         idx += x > _UPPER[idx]
         idx -= x <= _LOWER[idx]
         index[above] = idx
+        return index
+
+    @staticmethod
+    def bucket_index_us(values_us: npt.NDArray[np.integer]) -> I64:
+        """``bucket_index(values_us / 1e6)``, exactly, for integer microseconds (>= 0).
+
+        Values below 2**20 µs (about 1 s: ITL gaps, most TTFTs) are one table lookup; the
+        table is built on first use from :meth:`bucket_index` on the same float values, so
+        the two can never disagree. Negative values are rejected like negative seconds.
+        """
+        values = np.asarray(values_us)
+        if values.dtype.kind not in "iu":
+            raise SketchError(f"values_us must be integers, got dtype {values.dtype}")
+        if values.size == 0:
+            return np.zeros(values.shape, dtype=np.int64)
+        if values.dtype.kind == "i" and int(values.min()) < 0:
+            raise SketchError(f"values_us must be >= 0, got {int(values.min())}")
+        table = _us_table()
+        if int(values.max()) < _US_TABLE_SIZE:
+            return table.take(values).astype(np.int64)
+        small = values < _US_TABLE_SIZE
+        index = np.empty(values.shape, dtype=np.int64)
+        index[small] = table.take(values[small])
+        index[~small] = LatencySketch.bucket_index(values[~small] / _US_PER_S)
         return index
 
     @staticmethod
@@ -255,6 +287,21 @@ class LatencySketch:
         sketch = cls.__new__(cls)
         sketch._counts = counts
         return sketch
+
+
+_us_table_cache: list[npt.NDArray[np.int16]] = []
+
+
+def _us_table() -> npt.NDArray[np.int16]:
+    """The bucket of every integer µs below ``_US_TABLE_SIZE`` (built once, read-only).
+
+    Building twice from two threads is harmless: both results are equal."""
+    if not _us_table_cache:
+        seconds = np.arange(_US_TABLE_SIZE, dtype=np.int64) / _US_PER_S
+        table = LatencySketch.bucket_index(seconds).astype(np.int16)
+        table.setflags(write=False)
+        _us_table_cache.append(table)
+    return _us_table_cache[0]
 
 
 def _checked_counts(counts: I64, name: str, *, copy: bool = True) -> I64:
