@@ -1,9 +1,15 @@
-"""One ingested batch, prepared once for every SLO: sorted by finish time, with latencies,
-bucket indices and verdicts shared between the SLOs that need them.
+"""One ingested batch, prepared once for every SLO: rows in finish order, with latencies,
+bucket indices, ITL percentiles and verdicts shared between the SLOs that need them.
 
-Per batch the metric core runs once (latencies, ITL gaps, one sort for ITL percentiles);
-per SLO the engine only masks rows and counts them. Rows are reordered by finish second so
-that each SLO's rows come grouped by slot and sums per slot are one ``reduceat``.
+Per batch the metric core runs once: the ITL gaps are taken once (integer µs) and feed the
+latencies, one sort for every ITL percentile any SLO or the dry-run store needs, and the
+gaps' sketch buckets (a table lookup on the integer µs). Per SLO the engine only masks
+rows and counts them. Row columns are reordered by finish second so that each SLO's rows
+come grouped by slot and sums per slot are one ``reduceat``; the emissions are never
+reordered (per-gap arrays stay in the batch's row order, reached through ``gap_start``).
+What a selection of rows adds to the sketches is computed once per distinct selection
+(:mod:`controlplane.goodput._sketch_adds`, cached on the view) and shared by the SLOs
+that select those rows.
 """
 
 from __future__ import annotations
@@ -11,23 +17,31 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput._judge import judge_values
+from controlplane.goodput._judge import judge_values, status_batch
 from controlplane.goodput.spec import SLOSpec
 from exporters import buckets
-from exporters.latency import ItlGroups, RequestLatencies, itl_gaps_s, request_latencies
-from exporters.records import RecordBatch, Status
+from exporters.latency import ItlGroups, RequestLatencies, itl_gaps_us, request_latencies
+from exporters.records import LabelColumn, RecordBatch, Status
 from exporters.sketch import LatencySketch
 from exporters.slo import Objective, Verdicts
 
+if TYPE_CHECKING:
+    from controlplane.goodput._sketch_adds import SketchAdds
+
 __all__ = [
+    "E2EL",
     "FUTURE_TOLERANCE_S",
+    "ITL",
     "LATE_HORIZON_S",
     "METRICS",
     "RING_S",
+    "TPOT",
+    "TTFT",
     "BatchView",
     "gap_positions",
     "prom_index",
@@ -36,6 +50,7 @@ __all__ = [
 B = npt.NDArray[np.bool_]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
 
 #: Sketch metrics, in the order of every (metric, bucket) array in the engine.
 METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
@@ -48,6 +63,7 @@ LATE_HORIZON_S = 7200
 #: Finish times further ahead of the engine clock than this are dropped and counted.
 FUTURE_TOLERANCE_S = 60
 _NS_PER_S = 1_000_000_000
+_US_PER_S = 1e6
 
 
 def gap_positions(gap_start: I64, num_gaps: I64) -> I64:
@@ -79,11 +95,33 @@ def prom_index(values: F64, sketch_index: I64) -> I64:
     """``exporters.buckets.bucket_index(values)``, exactly, from the values' sketch buckets:
     a table lookup, with a search only for values in the few sketch buckets that a
     Prometheus bound splits."""
-    out: I64 = _PROM_OF_SKETCH[sketch_index]
-    split = _STRADDLES[sketch_index]
+    out: I64 = _PROM_OF_SKETCH.take(sketch_index)
+    split = _STRADDLES.take(sketch_index)
     if split.any():
         out[split] = buckets.bucket_index(values[split])
     return out
+
+
+# The Prometheus bucket of every integer µs below this (1 MiB of uint8), built on first use.
+_GAP_TABLE_SIZE = 1 << 20
+_gap_prom_table_cache: list[U8] = []
+
+
+def _gap_prom_table() -> U8:
+    if not _gap_prom_table_cache:
+        seconds = np.arange(_GAP_TABLE_SIZE, dtype=np.int64) / _US_PER_S
+        table = buckets.bucket_index(seconds).astype(np.uint8)
+        table.setflags(write=False)
+        _gap_prom_table_cache.append(table)
+    return _gap_prom_table_cache[0]
+
+
+def _gap_prom_index(gaps_us: I64, sketch_index: I64) -> I64:
+    """:func:`prom_index` of integer-µs gaps: a table lookup (the table is
+    ``buckets.bucket_index`` of the same float seconds) below about a second."""
+    if gaps_us.shape[0] == 0 or int(gaps_us.max()) < _GAP_TABLE_SIZE:
+        return _gap_prom_table().take(gaps_us).astype(np.int64)
+    return prom_index(gaps_us / _US_PER_S, sketch_index)
 
 
 def _sketch_and_prom(values: F64) -> tuple[I64, I64]:
@@ -99,18 +137,24 @@ def _sketch_and_prom(values: F64) -> tuple[I64, I64]:
 
 @dataclass(slots=True)
 class BatchView:
-    """A batch sorted by finish second, with everything the SLOs share.
+    """A batch's rows in finish-second order, with everything the SLOs share.
 
-    ``sec``: finish second (arrival + E2EL; arrival when E2EL is undefined), ascending.
-    ``accepted``: final rows whose finish lies within the late horizon and the future
-    tolerance of ``now_s``. Status masks (``ok`` …) cover final rows only.
+    Row columns (``request_ids`` … ``labels``, the latencies and everything per row) are in
+    finish order. ``sec``: finish second (arrival + E2EL; arrival when E2EL is undefined),
+    ascending. ``accepted``: final rows whose finish lies within the late horizon and the
+    future tolerance of ``now_s``. Status masks (``ok`` …) cover final rows only.
     ``row_index`` / ``prom_index``: (3, n) sketch / Prometheus bucket of TTFT, TPOT, E2EL
-    (``-1`` where undefined); ``gap_*``: bucket indices of the ITL gaps of FULL rows, row
-    after row (row *i* owns ``num_gaps[i]`` from ``gap_start[i]``); ``row_gap_sum_s``: the
-    sum of each row's gaps.
+    (``-1`` where undefined). ``gap_*``: sketch / Prometheus buckets of the ITL gaps of FULL
+    rows in the *batch's* row order; row *i* (finish order) owns ``num_gaps[i]`` of them
+    from ``gap_start[i]``. ``row_gap_sum_us``: the sum of each row's gaps (its last
+    emission minus its first, exact). ``itl_percentiles``: per-row ITL percentile values.
     """
 
-    batch: RecordBatch
+    request_ids: list[str]
+    vantage: U8
+    status: U8
+    final: B
+    labels: dict[str, LabelColumn]
     latencies: RequestLatencies
     now_s: int
     sec: I64
@@ -127,7 +171,7 @@ class BatchView:
     prom_index: I64
     gap_index: I64
     gap_prom_index: I64
-    row_gap_sum_s: F64
+    row_gap_sum_us: I64
     gap_start: I64
     num_gaps: I64
     itl_percentiles: dict[float, F64]
@@ -136,6 +180,8 @@ class BatchView:
     num_dropped_future: int
     _masks: dict[tuple[str, str], B] = field(default_factory=dict)
     _verdicts: dict[tuple[Objective, ...], Verdicts] = field(default_factory=dict)
+    #: :func:`controlplane.goodput._sketch_adds.sketch_adds` results, by selected rows.
+    sketch_adds_cache: dict[bytes, SketchAdds] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -146,7 +192,11 @@ class BatchView:
         validate: bool,
         itl_percentiles: Iterable[float],
     ) -> BatchView:
-        latencies = request_latencies(batch, validate=validate)
+        """Prepare ``batch`` (validated first when ``validate``); ``itl_percentiles`` are
+        the per-request ITL percentiles to compute (only those: the sort is skipped when
+        none is asked for)."""
+        gaps_us, num_gaps = itl_gaps_us(batch, validate=validate)
+        latencies = request_latencies(batch, validate=False, gaps=(gaps_us, num_gaps))
         finish_ns = (
             batch.arrival_time_ns
             + np.where(np.isnan(latencies.e2el_s), 0, np.rint(latencies.e2el_s * 1e6)).astype(
@@ -155,35 +205,51 @@ class BatchView:
             * 1000
         )
         sec = finish_ns // _NS_PER_S
-        if sec.shape[0] > 1 and (sec[1:] < sec[:-1]).any():
+        n = len(batch)
+        wanted = sorted(set(itl_percentiles))
+        percentiles: dict[float, F64] = {}
+        if wanted and gaps_us.shape[0]:
+            groups = ItlGroups.from_gaps(gaps_us, num_gaps)
+            percentiles = {q: groups.percentile(q) for q in wanted}
+        elif wanted:
+            percentiles = {q: np.full(n, np.nan) for q in wanted}
+        gap_start = np.cumsum(num_gaps) - num_gaps
+        starts, offsets = batch.emission_starts, batch.emission_offsets_us
+        row_gap_sum_us = np.zeros(n, dtype=np.int64)
+        with_gaps = num_gaps > 0  # then the row has >= 2 emissions
+        row_gap_sum_us[with_gaps] = (
+            offsets[starts[1:][with_gaps] - 1] - offsets[starts[:-1][with_gaps]]
+        )
+        request_ids, vantage, status = batch.request_ids, batch.vantage, batch.status
+        final, labels = batch.final, batch.labels
+        if n > 1 and (sec[1:] < sec[:-1]).any():
+            # Reorder the row columns only; the emissions and gaps stay where they are.
             order = np.argsort(sec, kind="stable")
-            batch = batch.take(order)
             latencies = RequestLatencies(
                 **{f.name: getattr(latencies, f.name)[order] for f in dataclasses.fields(latencies)}
             )
             sec, finish_ns = sec[order], finish_ns[order]
+            percentiles = {q: v[order] for q, v in percentiles.items()}
+            gap_start, num_gaps = gap_start[order], num_gaps[order]
+            row_gap_sum_us = row_gap_sum_us[order]
+            request_ids = [request_ids[i] for i in order.tolist()]
+            vantage, status, final = vantage[order], status[order], final[order]
+            labels = {k: LabelColumn(c.values, c.codes[order]) for k, c in labels.items()}
         now_s = int(np.floor(now))
-        final = batch.final
         in_range = (sec > now_s - LATE_HORIZON_S) & (sec <= now_s + FUTURE_TOLERANCE_S)
         accepted = final & in_range
-        status = batch.status
         ok = final & (status == Status.OK)
         err = final & (status == Status.ERROR)
 
         row_values = np.stack((latencies.ttft_s, latencies.tpot_s, latencies.e2el_s))
         indices = [_sketch_and_prom(v) for v in row_values]
-        gap_s, gap_rows = itl_gaps_s(batch, validate=False)
-        gap_index = LatencySketch.bucket_index(gap_s)
-        num_gaps = latencies.num_gaps
-        wanted = sorted(set(itl_percentiles))
-        percentiles: dict[float, F64] = {}
-        if wanted and gap_s.shape[0]:
-            groups = ItlGroups.of(batch)
-            percentiles = {q: groups.percentile(q) for q in wanted}
-        elif wanted:
-            percentiles = {q: np.full(len(batch), np.nan) for q in wanted}
+        gap_index = LatencySketch.bucket_index_us(gaps_us)
         return cls(
-            batch=batch,
+            request_ids=request_ids,
+            vantage=vantage,
+            status=status,
+            final=final,
+            labels=labels,
             latencies=latencies,
             now_s=now_s,
             sec=sec,
@@ -199,11 +265,9 @@ class BatchView:
             row_index=np.stack([sketch for sketch, _ in indices]),
             prom_index=np.stack([prom for _, prom in indices]),
             gap_index=gap_index,
-            gap_prom_index=prom_index(gap_s, gap_index),
-            row_gap_sum_s=np.bincount(gap_rows, weights=gap_s, minlength=len(batch)).astype(
-                np.float64
-            ),
-            gap_start=np.cumsum(num_gaps) - num_gaps,
+            gap_prom_index=_gap_prom_index(gaps_us, gap_index),
+            row_gap_sum_us=row_gap_sum_us,
+            gap_start=gap_start,
             num_gaps=num_gaps,
             itl_percentiles=percentiles,
             num_late=int(np.count_nonzero(accepted & (sec <= now_s - RING_S))),
@@ -225,9 +289,9 @@ class BatchView:
         cached = self._masks.get((key, value))
         if cached is None:
             if key == "vantage":
-                cached = self.batch.vantage == int(value)
+                cached = self.vantage == int(value)
             else:
-                column = self.batch.labels.get(key)
+                column = self.labels.get(key)
                 cached = (
                     np.zeros(len(self), dtype=np.bool_) if column is None else column.mask(value)
                 )
@@ -239,6 +303,7 @@ class BatchView:
         key = tuple(objectives)
         cached = self._verdicts.get(key)
         if cached is None:
-            cached = judge_values(self.batch, self.latencies, self.itl_percentiles, key)
+            rows = status_batch(self.status, self.final)
+            cached = judge_values(rows, self.latencies, self.itl_percentiles, key)
             self._verdicts[key] = cached
         return cached

@@ -98,7 +98,7 @@ class RecentStore:
         codes = np.stack(
             [self._global_codes(k, key, view, rows) for k, key in enumerate(LABEL_KEYS)]
         )
-        vantage, status = view.batch.vantage[rows], view.batch.status[rows]
+        vantage, status = view.vantage[rows], view.status[rows]
         tokens = view.tokens[rows]
         done = 0
         while done < rows.shape[0]:
@@ -127,7 +127,7 @@ class RecentStore:
             self.rows -= self.chunks.popleft().size
 
     def _global_codes(self, k: int, key: str, view: BatchView, rows: I64) -> U32:
-        column = view.batch.labels[key]
+        column = view.labels[key]
         dictionary = self._codes[k]
         mapping = np.array(
             [dictionary.setdefault(v, len(dictionary)) for v in column.values], dtype=np.uint32

@@ -30,20 +30,12 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.goodput import _summarize as col
-from controlplane.goodput._batch import (
-    E2EL,
-    ITL,
-    METRICS,
-    TPOT,
-    TTFT,
-    BatchView,
-    gap_positions,
-)
+from controlplane.goodput._batch import METRICS, BatchView
 from controlplane.goodput._blob import decode_sketch_blob, encode_sketch_blob
 from controlplane.goodput._rings import CounterRing, SketchRing
+from controlplane.goodput._sketch_adds import NUM_PROM, sketch_adds
 from controlplane.goodput.spec import SLOSpec
 from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
-from exporters import buckets
 
 __all__ = ["SLOState"]
 
@@ -53,7 +45,6 @@ I64 = npt.NDArray[np.int64]
 R = TypeVar("R", CounterRing, SketchRing)
 
 _DAY_S, _HOUR_S = 86400, 3600
-_NUM_PROM = len(buckets.LATENCY_BUCKETS_S) + 1
 
 
 def _hours_kept(window_s: float) -> int:
@@ -117,7 +108,7 @@ class SLOState:
         # Lifetime totals for Prometheus counters and histograms (never decrease).
         self.totals: dict[str, int] = dict.fromkeys(("good", "bad", "rejected", "aborted"), 0)
         self.violation_totals: dict[str, int] = dict.fromkeys(self.keys, 0)
-        self.histogram_counts: I64 = np.zeros((len(METRICS), _NUM_PROM), dtype=np.int64)
+        self.histogram_counts: I64 = np.zeros((len(METRICS), NUM_PROM), dtype=np.int64)
         self.histogram_sums = [0.0] * len(METRICS)
         self.dirty_minutes: set[int] = set()
         self.in_flight: dict[str, float] = {}
@@ -178,10 +169,10 @@ class SLOState:
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
-        ids = view.batch.request_ids
-        partial = np.flatnonzero(selected & ~view.batch.final)
+        ids = view.request_ids
+        partial = np.flatnonzero(selected & ~view.final)
         if self.in_flight:
-            done = np.flatnonzero(selected & view.batch.final)
+            done = np.flatnonzero(selected & view.final)
             for i in done.tolist():
                 self.in_flight.pop(ids[i], None)
         if partial.shape[0]:
@@ -206,47 +197,17 @@ class SLOState:
             self.violation_totals[key] += int(total[col.BASE_COLUMNS + k])
 
     def _add_sketches(self, view: BatchView, ok_rows: I64) -> None:
-        slot10 = view.sec[ok_rows] // 10
-        # Rows come sorted by finish second: runs of one 10-s slot are contiguous.
-        bounds = np.flatnonzero(np.concatenate(([True], slot10[1:] != slot10[:-1], [True])))
-        slots = slot10[bounds[:-1]].tolist()
-        index = view.row_index[:, ok_rows]
-        for metric, row in ((TTFT, 0), (TPOT, 1), (E2EL, 2)):
-            self._add_metric(metric, index[row], bounds, slots, view.now_s)
-        defined = index >= 0
-        prom = (np.arange(3)[:, None] * _NUM_PROM + view.prom_index[:, ok_rows])[defined]
-        counts = np.bincount(prom, minlength=3 * _NUM_PROM).reshape(3, _NUM_PROM)
-        self.histogram_counts[[TTFT, TPOT, E2EL]] += counts
-        sums = np.nansum(view.row_values[:, ok_rows], axis=1).tolist()
-        for metric, total in zip((TTFT, TPOT, E2EL), sums, strict=True):
-            self.histogram_sums[metric] += total
-        lengths = view.num_gaps[ok_rows]
-        positions = gap_positions(view.gap_start[ok_rows], lengths)
-        if positions.shape[0]:
-            gap_bounds = np.concatenate(([0], np.cumsum(lengths)))[bounds]
-            self._add_metric(ITL, view.gap_index[positions], gap_bounds, slots, view.now_s)
-            self.histogram_counts[ITL] += np.bincount(
-                view.gap_prom_index[positions], minlength=_NUM_PROM
-            )
-            self.histogram_sums[ITL] += float(view.row_gap_sum_s[ok_rows].sum())
-
-    def _add_metric(
-        self, metric: int, index: I64, bounds: I64, slots: list[int], now_s: int
-    ) -> None:
-        """Count bucket ``index`` values (``-1``: undefined, skipped) into each tier; the
-        values of 10-s slot ``slots[j]`` are ``index[bounds[j]:bounds[j + 1]]``."""
-        for j, slot10 in enumerate(slots):
-            part = index[bounds[j] : bounds[j + 1]]
-            part = part[part >= 0]
-            if part.shape[0] == 0:
-                continue
-            lo = int(part.min())
-            counts = np.bincount(part - lo)
+        adds = sketch_adds(view, ok_rows)
+        now_s = view.now_s
+        for slot10, metric, lo, counts in adds.spans:
             second = slot10 * 10
             for tier in self.sketches:
                 slot = second // tier.ring.resolution_s
                 if tier.holds_slot(slot, now_s):
                     tier.ring.add(slot, metric, lo, counts)
+        self.histogram_counts += adds.histogram_counts
+        for metric, total in enumerate(adds.histogram_sums):
+            self.histogram_sums[metric] += total
 
     # -- queries ------------------------------------------------------------------------
 

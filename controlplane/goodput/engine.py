@@ -137,7 +137,7 @@ class GoodputEngine:
                 state.ingest(view)
             self._recent.expire(now)
             self._recent.append(view)
-            num_final = int(view.batch.final.sum())
+            num_final = int(view.final.sum())
             if view.accepted.any():
                 earliest = float(view.sec[view.accepted].min())
                 self._history_start = min(self._history_start, earliest)
