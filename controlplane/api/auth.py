@@ -8,6 +8,10 @@ against every role, including routes other modules add later.
 Who satisfies what (``grants``): ``admin`` satisfies every role; ``operator`` satisfies
 ``viewer``; ``viewer``, ``ingest`` and ``agent`` satisfy only themselves.
 
+Keys are checked through the database's :class:`~controlplane.services.keys.KeyCache`
+(5-s TTL): a revocation through this process applies at once, one made elsewhere within
+the TTL (see ``controlplane.services.keys``).
+
 Example::
 
     @router.post("/slos", status_code=201)
@@ -113,13 +117,14 @@ class RoleRequirement:
             return ANONYMOUS
         if credentials is None or not credentials.credentials:
             raise UnauthenticatedError("missing API key: send 'Authorization: Bearer <key>'")
-        async with request.app.state.sessions() as session:
-            key = await key_service.authenticate(
-                session,
-                credentials.credentials,
-                now=utcnow(),
-                touch_after_s=settings.key_last_used_resolution_s,
-            )
+        # The key cache of this app's database: a busy caller is not a query per request.
+        key = await key_service.authenticate_cached(
+            request.app.state.sessions,
+            key_service.key_cache(request.app.state.engine),
+            credentials.credentials,
+            now=utcnow(),
+            touch_after_s=settings.key_last_used_resolution_s,
+        )
         if key is None:
             raise UnauthenticatedError("invalid API key: unknown or revoked")
         if not grants(key.role, self.role):

@@ -7,6 +7,13 @@ cannot be guessed even at billions of hashes per second, and a fast hash keeps t
 per request cheap. The first ``PREFIX_LENGTH`` characters are kept in clear as ``prefix``:
 shown in lists, and used to find the candidate row, whose hash is then compared in constant
 time (``hmac.compare_digest``).
+
+Authenticating goes through a :class:`KeyCache` (one per database, see :func:`key_cache`)
+so that a busy ingest path does not query the database per request: a key found in the
+database is remembered for ``KEY_CACHE_TTL_S`` (5 s), looked up by prefix and compared in
+constant time exactly like a row. **Revocation** in this process (:func:`revoke_key`) takes
+effect at once; a key revoked by another process (another replica, the CLI) stops working
+within the TTL. ``last_used_at`` is still written at most once per ``touch_after_s``.
 """
 
 from __future__ import annotations
@@ -15,27 +22,40 @@ import hashlib
 import hmac
 import logging
 import secrets
+import threading
+import time
 import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.errors import InvalidInputError, NotFoundError
 from controlplane.models import APIKey, Role
 from controlplane.services import audit
 
 __all__ = [
+    "KEY_CACHE_MAX_ENTRIES",
+    "KEY_CACHE_TTL_S",
     "KEY_PREFIX",
     "PREFIX_LENGTH",
     "TENANT_ROLES",
+    "AuthenticatedKey",
+    "KeyCache",
     "authenticate",
+    "authenticate_cached",
     "create_key",
     "generate_key",
     "get_key",
     "hash_key",
+    "key_cache",
     "key_public",
     "list_keys",
     "revoke_key",
@@ -48,6 +68,13 @@ PREFIX_LENGTH = 11  # "gp_" + 8 random characters: 48 bits, enough to find the r
 _KEY_LENGTH = len(KEY_PREFIX) + 43  # token_urlsafe(32) is 43 characters
 # Roles whose keys may be scoped to one tenant; admin and agent keys act fleet-wide.
 TENANT_ROLES = frozenset({Role.VIEWER, Role.OPERATOR, Role.INGEST})
+#: How long an authenticated key is trusted without asking the database again: the longest
+#: a key revoked by another process keeps working here.
+KEY_CACHE_TTL_S = 5.0
+#: Key prefixes remembered per database (least recently used evicted first).
+KEY_CACHE_MAX_ENTRIES = 10_000
+# Revoked key ids remembered so that a lookup racing the revocation cannot re-cache them.
+_REVOKED_REMEMBERED = 10_000
 
 
 def generate_key() -> str:
@@ -113,43 +140,231 @@ async def create_key(
     return key, secret
 
 
+@dataclass(frozen=True, slots=True)
+class AuthenticatedKey:
+    """The facts about a live key that a request needs (a plain value, safe to share
+    between requests, unlike an ORM row). ``hash`` is kept for constant-time comparison."""
+
+    id: uuid.UUID
+    name: str
+    role: Role
+    tenant: str | None
+    prefix: str
+    hash: str
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, k: APIKey) -> AuthenticatedKey:
+        return cls(k.id, k.name, k.role, k.tenant, k.prefix, k.hash, k.last_used_at)
+
+
+class KeyCache:
+    """Keys recently authenticated against one database, by prefix (see the module).
+
+    ``get`` finds the prefix's cached keys and compares the presented key's SHA-256 with
+    each in constant time, as the database path does; an entry older than ``ttl_s`` is
+    dropped, never served. ``invalidate(key_id)`` (called by :func:`revoke_key`) drops the
+    key and refuses to cache it again, so a lookup that read the row before the revocation
+    committed cannot bring it back. At most ``max_entries`` prefixes are kept, least
+    recently used evicted first. Thread-safe; ``clock`` is monotonic seconds.
+
+    Example::
+
+        cache = KeyCache(ttl_s=5.0)
+        key = cache.get(presented)              # None: ask the database, then cache.put(...)
+    """
+
+    def __init__(
+        self,
+        ttl_s: float = KEY_CACHE_TTL_S,
+        max_entries: int = KEY_CACHE_MAX_ENTRIES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not ttl_s >= 0:
+            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        # prefix -> (expiry, keys with that prefix); usually one key per prefix.
+        self._entries: OrderedDict[str, tuple[float, tuple[AuthenticatedKey, ...]]] = OrderedDict()
+        self._revoked: dict[uuid.UUID, None] = {}  # an ordered set, oldest first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, presented: str) -> AuthenticatedKey | None:
+        """The cached live key matching ``presented``, or ``None`` (unknown here: ask the
+        database)."""
+        if not _well_formed(presented):
+            return None
+        prefix = presented[:PREFIX_LENGTH]
+        with self._lock:
+            entry = self._entries.get(prefix)
+            if entry is None:
+                return None
+            if entry[0] <= self._clock():
+                del self._entries[prefix]
+                return None
+            self._entries.move_to_end(prefix)
+        digest = hash_key(presented)
+        return next((k for k in entry[1] if hmac.compare_digest(k.hash, digest)), None)
+
+    def put(self, keys: tuple[AuthenticatedKey, ...]) -> None:
+        """Remember the live keys of one prefix (what the database returned for it);
+        revoked ids are left out."""
+        if not keys:
+            return
+        prefix = keys[0].prefix
+        with self._lock:
+            live = tuple(k for k in keys if k.id not in self._revoked)
+            if not live:
+                self._entries.pop(prefix, None)
+                return
+            self._entries[prefix] = (self._clock() + self.ttl_s, live)
+            self._entries.move_to_end(prefix)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def invalidate(self, key_id: uuid.UUID) -> None:
+        """Forget ``key_id`` now and never cache it again (it was revoked)."""
+        with self._lock:
+            for prefix, (expiry, keys) in list(self._entries.items()):
+                rest = tuple(k for k in keys if k.id != key_id)
+                if not rest:
+                    del self._entries[prefix]
+                elif len(rest) < len(keys):
+                    self._entries[prefix] = (expiry, rest)
+            self._revoked[key_id] = None
+            if len(self._revoked) > _REVOKED_REMEMBERED:
+                del self._revoked[next(iter(self._revoked))]
+
+    def touched(self, key: AuthenticatedKey, when: datetime) -> AuthenticatedKey:
+        """Record that ``key.last_used_at`` is now ``when`` (so the next requests do not
+        write it again); returns the updated key."""
+        updated = replace(key, last_used_at=when)
+        with self._lock:
+            entry = self._entries.get(key.prefix)
+            if entry is not None:
+                keys = tuple(updated if k.id == key.id else k for k in entry[1])
+                self._entries[key.prefix] = (entry[0], keys)
+        return updated
+
+
+_caches: weakref.WeakKeyDictionary[Engine, KeyCache] = weakref.WeakKeyDictionary()
+_caches_lock = threading.Lock()
+
+
+def key_cache(bind: AsyncEngine | AsyncConnection | Engine | Connection) -> KeyCache:
+    """The key cache of the database behind ``bind`` (created on first use, gone with the
+    engine). One per database engine, so that :func:`revoke_key` reaches the cache that
+    authentication reads whatever session it is given."""
+    if isinstance(bind, AsyncEngine | AsyncConnection):
+        bind = bind.sync_engine
+    engine = bind.engine if isinstance(bind, Connection) else bind
+    with _caches_lock:
+        cache = _caches.get(engine)
+        if cache is None:
+            cache = _caches[engine] = KeyCache()
+        return cache
+
+
+async def authenticate_cached(
+    sessions: async_sessionmaker[AsyncSession],
+    cache: KeyCache,
+    presented: str,
+    *,
+    now: datetime,
+    touch_after_s: float,
+) -> AuthenticatedKey | None:
+    """The live key matching ``presented``, or ``None``: from ``cache`` when it holds the
+    key, else from the database, whose live keys of that prefix are then cached. A session
+    is opened only on a miss, or to write ``last_used_at`` (as :func:`authenticate`)."""
+    key = cache.get(presented)
+    if key is not None:
+        if _stale(key.last_used_at, now, touch_after_s):
+            key = cache.touched(key, now)  # first: concurrent requests skip the write
+            async with sessions() as session:
+                await _touch(session, key.id, now, touch_after_s)
+        return key
+    if not _well_formed(presented):
+        return None
+    async with sessions() as session:
+        candidates = await _live_with_prefix(session, presented)
+        cache.put(tuple(AuthenticatedKey.of(k) for k in candidates))
+        match = _matching(candidates, presented)
+        if match is None:
+            return None
+        key = AuthenticatedKey.of(match)
+        if _stale(key.last_used_at, now, touch_after_s):
+            key = cache.touched(key, now)
+            await _touch(session, key.id, now, touch_after_s)
+        return key
+
+
 async def authenticate(
     session: AsyncSession, presented: str, *, now: datetime, touch_after_s: float
 ) -> APIKey | None:
-    """The live key matching ``presented``, or ``None``.
+    """The live key matching ``presented``, or ``None``, from the database (no cache).
 
     ``last_used_at`` is written only when older than ``touch_after_s`` (so a busy key costs
     one small UPDATE a minute, not one per request) and best-effort: a busy database must
     not turn a valid request into an error.
     """
-    if len(presented) != _KEY_LENGTH or not presented.startswith(KEY_PREFIX):
+    if not _well_formed(presented):
         return None
-    digest = hash_key(presented)
-    candidates = await session.scalars(
+    match = _matching(await _live_with_prefix(session, presented), presented)
+    stale = match is not None and _stale(match.last_used_at, now, touch_after_s)
+    if match is not None and stale and await _touch(session, match.id, now, touch_after_s):
+        match.last_used_at = now
+    return match
+
+
+def _well_formed(presented: str) -> bool:
+    return len(presented) == _KEY_LENGTH and presented.startswith(KEY_PREFIX)
+
+
+async def _live_with_prefix(session: AsyncSession, presented: str) -> list[APIKey]:
+    rows = await session.scalars(
         sa.select(APIKey).where(
             APIKey.prefix == presented[:PREFIX_LENGTH], APIKey.revoked_at.is_(None)
         )
     )
-    match = next((k for k in candidates if hmac.compare_digest(k.hash, digest)), None)
-    if match is None:
-        return None
+    return list(rows)
+
+
+def _matching(candidates: list[APIKey], presented: str) -> APIKey | None:
+    digest = hash_key(presented)
+    return next((k for k in candidates if hmac.compare_digest(k.hash, digest)), None)
+
+
+def _stale(last_used_at: datetime | None, now: datetime, touch_after_s: float) -> bool:
+    return last_used_at is None or last_used_at <= now - timedelta(seconds=touch_after_s)
+
+
+async def _touch(
+    session: AsyncSession, key_id: uuid.UUID, now: datetime, touch_after_s: float
+) -> bool:
+    """Set ``last_used_at`` to ``now`` unless another writer made it fresh; best-effort
+    (a busy database must not turn a valid request into an error). True when written."""
     stale_before = now - timedelta(seconds=touch_after_s)
-    if match.last_used_at is None or match.last_used_at <= stale_before:
-        try:
-            await session.execute(
-                sa.update(APIKey)
-                .where(
-                    APIKey.id == match.id,
-                    sa.or_(APIKey.last_used_at.is_(None), APIKey.last_used_at <= stale_before),
-                )
-                .values(last_used_at=now)
+    try:
+        await session.execute(
+            sa.update(APIKey)
+            .where(
+                APIKey.id == key_id,
+                sa.or_(APIKey.last_used_at.is_(None), APIKey.last_used_at <= stale_before),
             )
-            await session.commit()
-            match.last_used_at = now
-        except OperationalError:
-            logger.debug("last_used_at of key %s not updated (database busy)", match.id)
-            await session.rollback()
-    return match
+            .values(last_used_at=now)
+        )
+        await session.commit()
+    except OperationalError:
+        logger.debug("last_used_at of key %s not updated (database busy)", key_id)
+        await session.rollback()
+        return False
+    return True
 
 
 async def get_key(session: AsyncSession, key_id: uuid.UUID) -> APIKey:
@@ -187,8 +402,13 @@ async def list_keys(
 async def revoke_key(
     session: AsyncSession, key_id: uuid.UUID, *, actor: str, now: datetime
 ) -> APIKey:
-    """Revoke a key (idempotent: revoking a revoked key changes nothing and audits nothing)."""
+    """Revoke a key (idempotent: revoking a revoked key changes nothing and audits nothing).
+
+    The key stops authenticating in this process at once (its cache entry is dropped, even
+    before the caller commits); other processes notice within ``KEY_CACHE_TTL_S``.
+    """
     key = await get_key(session, key_id)
+    key_cache(session.get_bind()).invalidate(key.id)
     if key.revoked_at is not None:
         return key
     before = key_public(key)
