@@ -104,8 +104,10 @@ class StepTimer:
         steps = self._ramp[:num_steps] * (self._kd * growth)
         steps += first
         if self.jitter:
-            self._refill(num_steps)
             at = self._noise_at
+            if at + num_steps > self._noise.shape[0]:
+                self._refill(num_steps)
+                at = 0
             steps *= self._noise[at : at + num_steps]
             self._noise_at = at + num_steps
         steps.cumsum(out=steps)
