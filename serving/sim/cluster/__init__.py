@@ -19,8 +19,9 @@ from serving.sim.cluster.policy import (
     load_policy,
 )
 from serving.sim.cluster.records import RecordBuilder
+from serving.sim.cluster.results import SimOptions, SimProgress, SimResult, TimeSeries
 from serving.sim.cluster.router import Router
-from serving.sim.cluster.simulator import SLO_ID, SimOptions, SimProgress, SimResult, Simulator
+from serving.sim.cluster.simulator import SLO_ID, Simulator
 from serving.sim.cluster.spec import ClusterSpec, ClusterSpecError, parse_cluster
 from serving.sim.cluster.workload import Workload, build_workload
 
@@ -39,6 +40,7 @@ __all__ = [
     "SimProgress",
     "SimResult",
     "Simulator",
+    "TimeSeries",
     "Workload",
     "build_workload",
     "load_policy",

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from exporters.slo import Metric
-from serving.sim.cluster.simulator import SimResult
+from serving.sim.cluster.results import SimResult
 
 __all__ = ["write_plots"]
 

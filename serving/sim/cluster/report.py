@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from serving.sim.cluster.simulator import SimResult
+from serving.sim.cluster.results import SimResult
 
 __all__ = ["REPORT_VERSION", "build_report", "format_summary"]
 

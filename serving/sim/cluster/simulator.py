@@ -23,15 +23,13 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput import GoodputEngine, GoodputStats, SLOSpec
+from controlplane.goodput import GoodputEngine, SLOSpec
 from exporters.records import RecordBatch, Status
-from exporters.slo import Metric, Objective
 from serving.gateway.admission import RequestInfo
 from serving.gateway.routing import NoInstanceError, PoolRole
 from serving.sim.cluster.policy import (
@@ -42,6 +40,7 @@ from serving.sim.cluster.policy import (
     SimPolicy,
 )
 from serving.sim.cluster.records import RecordBuilder
+from serving.sim.cluster.results import SimOptions, SimProgress, SimResult, TimeSeries
 from serving.sim.cluster.router import Router
 from serving.sim.cluster.spec import ClusterSpec
 from serving.sim.cluster.workload import Workload
@@ -49,87 +48,13 @@ from serving.sim.instance import Instance, Job, JobMode
 from serving.sim.kv import get_link
 from serving.sim.latency_model import LatencyModel
 
-__all__ = ["SLO_ID", "SimOptions", "SimProgress", "SimResult", "Simulator", "TimeSeries"]
+__all__ = ["SLO_ID", "Simulator"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 SLO_ID = "sim"
 _STEP, _LANDED, _TICK = 0, 1, 2
-_POOLS = (PoolRole.PREFILL, PoolRole.DECODE, PoolRole.BOTH)
 _PREFILL = JobMode.PREFILL
-
-
-@dataclass(frozen=True, slots=True)
-class SimOptions:
-    """How to run and judge a simulation.
-
-    ``objectives``/``slo_target``: the SLO the goodput engine judges. ``sample_interval_s``
-    ``None`` takes 1/500 of the workload's span. ``flush_interval_s``: how often finished
-    records go to the engine (virtual seconds). ``exact_routing`` shows ``choose`` the
-    whole fleet per request (slow; for checks). ``keep_records`` keeps every batch in the
-    result. ``epoch_s``: the wall-clock time virtual 0 maps to (minute-aligned).
-    """
-
-    objectives: tuple[Objective, ...] = (Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 0.05))
-    slo_target: float = 0.99
-    seed: int = 0
-    sample_interval_s: float | None = None
-    flush_interval_s: float = 10.0
-    exact_routing: bool = False
-    keep_records: bool = False
-    itl_sample_every: int = 16
-    epoch_s: float = 1_700_000_040.0
-    request_id_prefix: str = "sim-"
-
-
-@dataclass(frozen=True, slots=True)
-class SimProgress:
-    """Where a running simulation is: virtual time, requests arrived and finished."""
-
-    now_s: float
-    arrived: int
-    finished: int
-    total: int
-
-
-@dataclass(slots=True)
-class TimeSeries:
-    """Samples over virtual time: instances per pool, and queued / running requests per
-    pool (summed over its instances), keyed by ``"prefill"``, ``"decode"``, ``"both"``."""
-
-    time_s: list[float] = field(default_factory=list)
-    pool_size: dict[str, list[int]] = field(default_factory=lambda: {p.value: [] for p in _POOLS})
-    waiting: dict[str, list[int]] = field(default_factory=lambda: {p.value: [] for p in _POOLS})
-    running: dict[str, list[int]] = field(default_factory=lambda: {p.value: [] for p in _POOLS})
-
-
-@dataclass(slots=True)
-class SimResult:
-    """What a simulation produced. ``stats`` is the goodput engine's answer for the SLO
-    over the whole run (``end_s`` virtual seconds); counts are over all requests."""
-
-    spec: ClusterSpec
-    options: SimOptions
-    workload_name: str
-    stats: GoodputStats
-    num_requests: int
-    num_finished: int
-    num_rejected: int
-    num_errors: int
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    num_preemptions: int
-    num_iterations: int
-    num_runs: int
-    num_events: int
-    busy_ratio: float
-    end_s: float
-    wall_s: float
-    series: TimeSeries
-    ttft_s: F64
-    itl_sample_s: F64
-    records: list[RecordBatch] | None = None
 
 
 class Simulator:
