@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,29 +247,34 @@ class ItlGroups:
 
     def percentile(self, q: float) -> F64:
         """Per-row ``q``-th percentile (0 < q <= 100) as :func:`itl_percentile_s` defines it."""
-        fraction = _percent_to_fraction(q)
+        return self.percentiles([q])[q]
+
+    def percentiles(self, qs: Sequence[float]) -> dict[float, F64]:
+        """:meth:`percentile` of each of ``qs``, computed together (one pass per step for
+        all of them, not one per percentile)."""
+        fractions = np.array([_percent_to_fraction(q) for q in qs], dtype=np.float64)
         n = self.num_gaps.shape[0]
-        out = np.full(n, np.nan)
+        out = np.full((len(qs), n), np.nan)
         has = self.num_gaps > 0
-        if not has.any():
-            return out
-        count = self.num_gaps[has]
-        base = self.group_starts[has]
-        virtual = (count - 1).astype(np.float64) * fraction
-        lower = np.floor(virtual)
-        gamma = virtual - lower
-        lo = lower.astype(np.int64)
-        # At or past the last element numpy takes the last value on both sides.
-        top = virtual >= (count - 1)
-        lo[top] = count[top] - 1
-        hi = np.where(top, lo, lo + 1)
-        # Gather the integers, then divide: the same floats as dividing every gap first.
-        a = self.sorted_us[base + lo] / US_PER_S
-        b = self.sorted_us[base + hi] / US_PER_S
-        diff = b - a
-        # numpy's _lerp: from the nearer end, so the result never leaves [a, b].
-        out[has] = np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma)
-        return out
+        if has.any() and len(qs):
+            count = self.num_gaps[has]
+            base = self.group_starts[has]
+            # Row k of each (percentile, row) array is percentile qs[k].
+            virtual = (count - 1).astype(np.float64) * fractions[:, np.newaxis]
+            lower = np.floor(virtual)
+            gamma = virtual - lower
+            lo = lower.astype(np.int64)
+            # At or past the last element numpy takes the last value on both sides.
+            top = virtual >= (count - 1)
+            lo[top] = np.broadcast_to(count - 1, lo.shape)[top]
+            hi = np.where(top, lo, lo + 1)
+            # Gather the integers, then divide: the same floats as dividing every gap first.
+            a = self.sorted_us[base + lo] / US_PER_S
+            b = self.sorted_us[base + hi] / US_PER_S
+            diff = b - a
+            # numpy's _lerp: from the nearer end, so the result never leaves [a, b].
+            out[:, has] = np.where(gamma >= 0.5, b - diff * (1.0 - gamma), a + diff * gamma)
+        return {q: out[k] for k, q in enumerate(qs)}
 
 
 def _sort_within_rows(values_us: I64, num_values: I64) -> tuple[npt.NDArray[np.signedinteger], I64]:

@@ -3,10 +3,10 @@ bucket indices, ITL percentiles and verdicts shared between the SLOs that need t
 
 Per batch the metric core runs once: the ITL gaps are taken once (integer µs) and feed the
 latencies, one sort for every ITL percentile any SLO or the dry-run store needs, and the
-gaps' sketch buckets (a table lookup on the integer µs). Per SLO the engine only masks
-rows and counts them. Row columns are reordered by finish second so that each SLO's rows
-come grouped by slot and sums per slot are one ``reduceat``; the emissions are never
-reordered (per-gap arrays stay in the batch's row order, reached through ``gap_start``).
+gaps' sketch and Prometheus buckets (one table lookup on the integer µs). Per SLO the
+engine only masks rows and counts them. Row columns are reordered by finish second, so
+each SLO's rows come grouped by slot and sums per slot are one ``reduceat``; emissions
+are never reordered (per-gap arrays keep the batch's row order, reached by ``gap_start``).
 What a selection of rows adds to the sketches is computed once per distinct selection
 (:mod:`controlplane.goodput._sketch_adds`, cached on the view) and shared by the SLOs
 that select those rows.
@@ -39,10 +39,12 @@ __all__ = [
     "ITL",
     "LATE_HORIZON_S",
     "METRICS",
+    "PROM_OF_CODE",
     "RING_S",
     "TPOT",
     "TTFT",
     "BatchView",
+    "gap_codes",
     "gap_positions",
     "prom_index",
 ]
@@ -102,32 +104,47 @@ def prom_index(values: F64, sketch_index: I64) -> I64:
     return out
 
 
-# The Prometheus bucket of every integer µs below this (1 MiB of uint8), built on first use.
-_GAP_TABLE_SIZE = 1 << 20
-_gap_prom_table_cache: list[U8] = []
+# A gap's *code* is ``2 * sketch bucket + above``, where ``above`` says whether it lies above
+# the Prometheus bound inside its sketch bucket (bounds are >= 20 % apart, sketch buckets
+# 2 %: at most one inside each). One code gives both buckets, so counting the codes of a
+# batch's gaps counts both histograms at once. PROM_OF_CODE: the Prometheus bucket of a code.
+# (A code "above" in a bucket no bound splits never occurs; it maps within range anyway.)
+PROM_OF_CODE: I64 = np.minimum(
+    np.stack((_PROM_OF_SKETCH, _PROM_OF_SKETCH + 1), axis=1).ravel(),
+    len(buckets.LATENCY_BUCKETS_S),
+)
+_CODE_TABLE_SIZE = 1 << 20  # integer µs coded by table lookup (2 MiB of int16), about 1 s
+_code_table_cache: list[npt.NDArray[np.int16]] = []
 
 
-def _gap_prom_table() -> U8:
-    if not _gap_prom_table_cache:
-        seconds = np.arange(_GAP_TABLE_SIZE, dtype=np.int64) / _US_PER_S
-        table = buckets.bucket_index(seconds).astype(np.uint8)
+def _gap_codes_of(gaps_us: I64) -> I64:
+    """The codes of integer-µs gaps from the sketch's and Prometheus' own bucket functions
+    (exactly ``bucket_index(gaps_us / 1e6)`` of each)."""
+    sketch = LatencySketch.bucket_index_us(gaps_us)
+    prom = prom_index(gaps_us / _US_PER_S, sketch)
+    above = prom - _PROM_OF_SKETCH.take(sketch)
+    assert ((above == 0) | (above == 1)).all(), "two Prometheus bounds in one sketch bucket"
+    codes: I64 = 2 * sketch + above
+    return codes
+
+
+def gap_codes(gaps_us: I64) -> I64:
+    """:func:`_gap_codes_of` by table lookup below ``_CODE_TABLE_SIZE`` µs (the table is
+    built on first use from the same function, so the two never disagree)."""
+    if not _code_table_cache:
+        table = _gap_codes_of(np.arange(_CODE_TABLE_SIZE, dtype=np.int64)).astype(np.int16)
         table.setflags(write=False)
-        _gap_prom_table_cache.append(table)
-    return _gap_prom_table_cache[0]
-
-
-def _gap_prom_index(gaps_us: I64, sketch_index: I64) -> I64:
-    """:func:`prom_index` of integer-µs gaps: a table lookup (the table is
-    ``buckets.bucket_index`` of the same float seconds) below about a second."""
-    if gaps_us.shape[0] == 0 or int(gaps_us.max()) < _GAP_TABLE_SIZE:
-        return _gap_prom_table().take(gaps_us).astype(np.int64)
-    return prom_index(gaps_us / _US_PER_S, sketch_index)
+        _code_table_cache.append(table)
+    if gaps_us.shape[0] == 0 or int(gaps_us.max()) < _CODE_TABLE_SIZE:
+        codes: I64 = _code_table_cache[0].take(gaps_us).astype(np.int64)
+        return codes
+    return _gap_codes_of(gaps_us)
 
 
 def _sketch_and_prom(values: F64) -> tuple[I64, I64]:
     """Sketch and Prometheus bucket per value, ``-1`` where the value is undefined (NaN)."""
-    sketch = np.full(values.shape[0], -1, dtype=np.int64)
-    prom = np.full(values.shape[0], -1, dtype=np.int64)
+    sketch = np.full(values.shape, -1, dtype=np.int64)
+    prom = np.full(values.shape, -1, dtype=np.int64)
     defined = ~np.isnan(values)
     if defined.any():
         sketch[defined] = LatencySketch.bucket_index(values[defined])
@@ -144,10 +161,11 @@ class BatchView:
     ascending. ``accepted``: final rows whose finish lies within the late horizon and the
     future tolerance of ``now_s``. Status masks (``ok`` …) cover final rows only.
     ``row_index`` / ``prom_index``: (3, n) sketch / Prometheus bucket of TTFT, TPOT, E2EL
-    (``-1`` where undefined). ``gap_*``: sketch / Prometheus buckets of the ITL gaps of FULL
-    rows in the *batch's* row order; row *i* (finish order) owns ``num_gaps[i]`` of them
-    from ``gap_start[i]``. ``row_gap_sum_us``: the sum of each row's gaps (its last
-    emission minus its first, exact). ``itl_percentiles``: per-row ITL percentile values.
+    (``-1`` where undefined). ``gap_codes``: the ITL gaps of FULL rows coded with their
+    sketch and Prometheus buckets (:func:`gap_codes`), in the *batch's* row order; row *i*
+    (finish order) owns ``num_gaps[i]`` of them from ``gap_start[i]``. ``row_gap_sum_us``:
+    the sum of each row's gaps (its last emission minus its first, exact).
+    ``itl_percentiles``: per-row ITL percentile values.
     """
 
     request_ids: list[str]
@@ -169,8 +187,7 @@ class BatchView:
     row_values: F64
     row_index: I64
     prom_index: I64
-    gap_index: I64
-    gap_prom_index: I64
+    gap_codes: I64
     row_gap_sum_us: I64
     gap_start: I64
     num_gaps: I64
@@ -209,8 +226,7 @@ class BatchView:
         wanted = sorted(set(itl_percentiles))
         percentiles: dict[float, F64] = {}
         if wanted and gaps_us.shape[0]:
-            groups = ItlGroups.from_gaps(gaps_us, num_gaps)
-            percentiles = {q: groups.percentile(q) for q in wanted}
+            percentiles = ItlGroups.from_gaps(gaps_us, num_gaps).percentiles(wanted)
         elif wanted:
             percentiles = {q: np.full(n, np.nan) for q in wanted}
         gap_start = np.cumsum(num_gaps) - num_gaps
@@ -242,8 +258,7 @@ class BatchView:
         err = final & (status == Status.ERROR)
 
         row_values = np.stack((latencies.ttft_s, latencies.tpot_s, latencies.e2el_s))
-        indices = [_sketch_and_prom(v) for v in row_values]
-        gap_index = LatencySketch.bucket_index_us(gaps_us)
+        row_index, row_prom = _sketch_and_prom(row_values)
         return cls(
             request_ids=request_ids,
             vantage=vantage,
@@ -262,10 +277,9 @@ class BatchView:
             judged=ok | err,
             tokens=latencies.output_tokens,
             row_values=row_values,
-            row_index=np.stack([sketch for sketch, _ in indices]),
-            prom_index=np.stack([prom for _, prom in indices]),
-            gap_index=gap_index,
-            gap_prom_index=_gap_prom_index(gaps_us, gap_index),
+            row_index=row_index,
+            prom_index=row_prom,
+            gap_codes=gap_codes(gaps_us),
             row_gap_sum_us=row_gap_sum_us,
             gap_start=gap_start,
             num_gaps=num_gaps,

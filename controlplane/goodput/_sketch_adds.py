@@ -17,7 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput._batch import E2EL, ITL, METRICS, TPOT, TTFT, BatchView, gap_positions
+from controlplane.goodput._batch import (
+    E2EL,
+    ITL,
+    METRICS,
+    PROM_OF_CODE,
+    TPOT,
+    TTFT,
+    BatchView,
+    gap_positions,
+)
 from exporters import buckets
 from exporters.sketch import LatencySketch
 
@@ -84,16 +93,18 @@ def _compute(view: BatchView, ok_rows: I64) -> SketchAdds:
         by_start = np.argsort(starts, kind="stable")
         lengths, starts = lengths[with_gaps][by_start], starts[by_start]
         gap_run = np.repeat(run[with_gaps][by_start], lengths)
-        if total == view.gap_index.shape[0]:
-            # Every gap of the batch is selected (the common case): no gather.
-            gap_index, gap_prom = view.gap_index, view.gap_prom_index
+        if total == view.gap_codes.shape[0]:
+            codes = view.gap_codes  # every gap of the batch is selected (the common case)
         else:
-            positions = gap_positions(starts, lengths)
-            gap_index, gap_prom = view.gap_index[positions], view.gap_prom_index[positions]
-        counts[ITL] = np.bincount(gap_run * _NB + gap_index, minlength=runs * _NB).reshape(
-            runs, _NB
-        )
-        histogram[ITL] = np.bincount(gap_prom, minlength=NUM_PROM)
+            codes = view.gap_codes[gap_positions(starts, lengths)]
+        # One count of (run, code) gives the sketch (codes 2b, 2b + 1 are bucket b) and the
+        # Prometheus buckets (PROM_OF_CODE) of the gaps.
+        by_code = np.bincount(gap_run * (2 * _NB) + codes, minlength=runs * 2 * _NB)
+        counts[ITL] = by_code.reshape(runs, _NB, 2).sum(axis=2)
+        code_totals = by_code.reshape(runs, 2 * _NB).sum(axis=0)
+        # Float weights are exact below 2**53 counts.
+        by_prom = np.bincount(PROM_OF_CODE, weights=code_totals, minlength=NUM_PROM)
+        histogram[ITL] = by_prom.astype(np.int64)
     gap_sum_s = int(view.row_gap_sum_us[ok_rows].sum()) / _US_PER_S
 
     nonzero = counts > 0
