@@ -32,6 +32,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnsupportedMediaTypeError",
+    "describe_error",
     "format_validation_errors",
     "install_error_handlers",
 ]
@@ -89,7 +90,13 @@ class UnsupportedMediaTypeError(GoodputError):
 
 
 class UnavailableError(GoodputError):
+    """Cannot serve now; ``retry_after_s`` (when given) becomes a ``Retry-After`` header."""
+
     status_code = 503
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UnauthenticatedError(GoodputError):
@@ -111,6 +118,14 @@ class InvalidInputError(GoodputError):
     def __init__(self, message: str, loc: Sequence[str | int] = ("body",)) -> None:
         super().__init__(message)
         self.loc = tuple(loc)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"<type>: <message>"`` on one line, at most 200 characters of message, naming the
+    driver's own error where SQLAlchemy wraps one (``OperationalError: connection failed
+    ...``): for logs and for reasons given to clients (``/ready``)."""
+    cause = getattr(exc, "orig", None) or exc
+    return f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}"
 
 
 def _shown(value: object) -> str:
@@ -227,7 +242,11 @@ async def _on_domain_error(_: Request, exc: Exception) -> JSONResponse:
         loc = list(exc.loc)
         entry = {"loc": loc, "field": _field_name(loc), "msg": exc.message, "type": "value_error"}
         return _json(422, [entry])
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, UnauthenticatedError) else None
+    headers: dict[str, str] = {}
+    if isinstance(exc, UnauthenticatedError):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, UnavailableError) and exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
     return _json(exc.status_code, exc.message, headers)
 
 

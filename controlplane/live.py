@@ -8,19 +8,26 @@
   another replica's registry) is seen within that interval; a route that reads an SLO the
   engine does not have yet calls :meth:`refresh_slos` itself (read-your-writes);
 * the history: minute rollups of each SLO's compliance window (at least a day) are loaded
-  when the SLO enters the engine; complete minutes are upserted every
+  when the SLO enters the engine, in the same step; complete minutes are upserted every
   ``rollup_interval_s`` in one transaction; a graceful stop also writes the current minute.
   A failed write keeps its rows (the newest version of each minute) and retries next time;
 * the :class:`~controlplane.ingest.Ingestor` (de-duplication + engine) and the app's
   Prometheus registry (engine, ingest and process metrics; never the global registry).
 
+**Without a database.** The app starts when the database is down, slow or not migrated:
+the engine starts empty (:attr:`~LiveGoodput.loaded` false, :attr:`~LiveGoodput.load_error`
+says why, logged once), the loop retries with backoff (0.5 s doubling to
+``database_retry_max_s``), and routes that need the SLO set call
+:meth:`~LiveGoodput.ensure_loaded`, which tries at once: ``/ready`` and ingest answer 503
+until the set is loaded, so exporters keep their batches and resend them (nothing is lost;
+a refused batch is not marked as seen, so nothing is counted twice). Once loaded, the set
+stays: a later outage keeps the last set and retries its writes.
+
 The loop is one asyncio task stopped by an ``asyncio.Event`` (:attr:`stopping`, which the
-SSE streams watch too). ASGI servers such as uvicorn drain open connections *before* the
-lifespan shutdown, so an open SSE stream would hold a graceful shutdown up for good: the
-lifespan therefore chains a handler in front of the server's SIGINT/SIGTERM handlers that
-sets :attr:`stopping` as soon as shutdown begins (main thread only; the server's own
-handler then runs as before). Engine work runs in worker threads (the engine is thread-safe).
-One replica owns the engine: ingest is not sharded between control-plane processes.
+SSE streams watch too; ``controlplane.main.live_lifespan`` also sets it when the server
+begins a graceful shutdown). Engine work runs in worker threads (the engine is
+thread-safe). One replica owns the engine: ingest is not sharded between control-plane
+processes.
 
 Example::
 
@@ -33,52 +40,45 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import signal
-import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from datetime import datetime
 
-import sqlalchemy as sa
-from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.errors import describe_error
 from controlplane.goodput import GoodputCollector, GoodputEngine, MinuteRollup, SLOSpec
 from controlplane.ingest import Deduplicator, IngestCollector, Ingestor
-from controlplane.models import SLO, GoodputRollup
-from controlplane.services.slos import live_specs
+from controlplane.services import rollups as rollup_service
+from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
 
 __all__ = [
     "MAX_PENDING_ROLLUPS",
     "LiveGoodput",
     "app_registry",
-    "chain_exit_signals",
-    "live_lifespan",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Rollup rows kept for retry while the database refuses writes (oldest dropped, counted).
 MAX_PENDING_ROLLUPS = 200_000
-_DAY_S = 86_400.0
-_ROLLUP_COLUMNS = (
-    "requests",
-    "good",
-    "errors",
-    "aborted",
-    "rejected",
-    "output_tokens",
-    "good_output_tokens",
-    "violations",
-    "sketch_blob",
+# First wait before retrying a failed load; it doubles up to settings.database_retry_max_s.
+_RETRY_INITIAL_S = 0.5
+# How long stop() lets the loop finish a step before cancelling it (a database that hangs).
+_STOP_GRACE_S = 5.0
+_COUNTS = (
+    "reloads",
+    "rollups_written",
+    "rollups_dropped",
+    "write_failures",
+    "loaded",
+    "load_failures",
 )
 Fingerprint = tuple[int, int, str]
 
@@ -104,14 +104,17 @@ class LiveGoodput:
         )
         self.stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._first_attempt = asyncio.Event()
+        self._attempt: asyncio.Future[None] | None = None
         self._fingerprint: Fingerprint | None = None
         self._reload_lock = asyncio.Lock()
+        self._loaded = False
+        self._load_error: str | None = None
         self._pending: dict[tuple[str, datetime], MinuteRollup] = {}
         self._next_rollup_at = 0.0
         self._failing = False
-        self._counts = dict.fromkeys(
-            ("reloads", "rollups_written", "rollups_dropped", "write_failures", "loaded"), 0
-        )
+        self._poll_failing = False
+        self._counts = dict.fromkeys(_COUNTS, 0)
         self._registry = registry
         self._collectors: list[Collector] = []
         if registry is not None:
@@ -126,10 +129,18 @@ class LiveGoodput:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the SLO set and its history, then start the loop."""
-        await self.refresh_slos(force=True)
+        """Start the loop, whose first step loads the SLO set and its history, and wait for
+        that attempt at most ``ready_timeout_s``. The database never stops the start: down,
+        slow or not migrated, the engine starts empty (:attr:`loaded` false) and the loop
+        retries with backoff until the load succeeds."""
         self._next_rollup_at = self.clock() + self.settings.rollup_interval_s
         self._task = asyncio.create_task(self._run(), name="goodput-live")
+        timeout_s = self.settings.ready_timeout_s
+        try:
+            await asyncio.wait_for(self._first_attempt.wait(), timeout_s)
+        except TimeoutError:  # the attempt goes on in the loop: it is never cancelled
+            if not self._loaded and self._load_error is None:
+                self._load_error = f"the database did not answer within {timeout_s} s"
 
     async def stop(self) -> None:
         """Stop the loop (idempotent) and write every minute held, the current one too."""
@@ -137,7 +148,13 @@ class LiveGoodput:
         task, self._task = self._task, None
         if task is None:
             return
-        await task
+        await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+        # Stuck on a database that does not answer: cancel (held rows stay pending).
+        for step in (task, self._attempt):
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await step
         await self.write_rollups(until_time=self.clock() + 60.0)
         if self._registry is not None:
             # The app may start again (tests, embedders): its registry must not keep us.
@@ -146,46 +163,89 @@ class LiveGoodput:
 
     # -- SLO set ----------------------------------------------------------------------------
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the SLO set was loaded from the database (it stays loaded: a later
+        outage keeps the last set)."""
+        return self._loaded
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the SLO set is not loaded yet (``None`` once it is, or before any attempt)."""
+        return None if self._loaded else self._load_error
+
+    async def ensure_loaded(self) -> bool:
+        """Whether the SLO set is loaded, trying once now if it is not (no retry, never
+        raises; :attr:`load_error` says why it failed). Routes that need the SLO set call
+        it, so a database that just came back serves at once, not at the loop's next try."""
+        if self._loaded:
+            return True
+        attempt = self._attempt
+        if attempt is None or attempt.done():
+            attempt = self._attempt = asyncio.ensure_future(self._attempt_load())
+        # Concurrent callers share one attempt; a caller that goes away never cancels it
+        # (an attempt cut between the engine's update and its bookkeeping could load an
+        # SLO's history twice).
+        await asyncio.shield(attempt)
+        return self._loaded
+
     async def refresh_slos(self, *, force: bool = False) -> bool:
         """Reload the SLO set if the ``slo`` table changed (always with ``force``); load
-        the history of SLOs new to the engine. Returns whether the set was reloaded."""
+        the history of SLOs new to the engine. Returns whether the set was reloaded.
+        Database errors propagate, with the engine unchanged."""
         async with self._reload_lock:
-            async with self.sessions() as session:
-                fingerprint = await _fingerprint(session)
-                if not force and fingerprint == self._fingerprint:
-                    return False
-                specs = await live_specs(session)
-            known = {s.id for s in self.engine.slos}
-            await asyncio.to_thread(self.engine.set_slos, specs)
-            added = [s for s in specs if s.id not in known]
-            if added:
-                rollups = await self._load_rollups(added)
-                self._counts["loaded"] += await asyncio.to_thread(self.engine.load_rollups, rollups)
-            self._fingerprint = fingerprint
-            self._counts["reloads"] += 1
-            logger.info("goodput engine has %d SLO(s) (%d new)", len(specs), len(added))
-            return True
+            return await self._refresh_locked(force)
 
     def spec(self, slo_id: str) -> SLOSpec | None:
         """The spec the engine holds for ``slo_id`` (``None`` when it has none)."""
         return next((s for s in self.engine.slos if s.id == slo_id), None)
 
-    async def _load_rollups(self, specs: Iterable[SLOSpec]) -> list[MinuteRollup]:
-        now = self.clock()
-        out: list[MinuteRollup] = []
-        async with self.sessions() as session:
-            for spec in specs:
-                since = datetime.fromtimestamp(now - max(spec.window_s, _DAY_S), tz=UTC)
-                rows = await session.scalars(
-                    sa.select(GoodputRollup)
-                    .where(
-                        GoodputRollup.slo_id == uuid.UUID(spec.id),
-                        GoodputRollup.minute_start >= since,
-                    )
-                    .order_by(GoodputRollup.minute_start)
+    async def _attempt_load(self) -> None:
+        """One load attempt: a failure is counted, logged once per outage and kept in
+        :attr:`load_error`."""
+        try:
+            async with self._reload_lock:
+                if self._loaded:  # a refresh_slos call got there first
+                    return
+                await self._refresh_locked(force=True)
+        except Exception as exc:  # any database failure: stay empty, retry later
+            self._counts["load_failures"] += 1
+            reason = describe_error(exc)
+            if self._load_error is None:
+                logger.warning(
+                    "goodput engine cannot load the SLO set (%s); it serves no SLO and "
+                    "refuses ingest until the database answers; retrying",
+                    reason,
                 )
-                out.extend(_to_rollup(row) for row in rows)
-        return out
+            else:
+                logger.debug("goodput engine still cannot load the SLO set (%s)", reason)
+            self._load_error = reason
+
+    async def _refresh_locked(self, force: bool) -> bool:
+        async with self.sessions() as session:
+            fingerprint = await slo_service.slo_set_fingerprint(session)
+            if not force and fingerprint == self._fingerprint:
+                return False
+            specs = await slo_service.live_specs(session)
+            known = {s.id for s in self.engine.slos}
+            added = [s for s in specs if s.id not in known]
+            # History before any change: a failed read leaves the engine as it was, so the
+            # next attempt loads the same SLOs whole (never a set without its history, whose
+            # first upsert would overwrite the stored minutes with smaller counts).
+            history = await rollup_service.history(session, added, now=self.clock())
+        self._counts["loaded"] += await asyncio.to_thread(self._install, specs, history)
+        self._fingerprint = fingerprint
+        self._counts["reloads"] += 1
+        if not self._loaded and self._load_error is not None:
+            logger.warning("goodput engine loaded the SLO set: the database answers again")
+        self._loaded, self._load_error = True, None
+        logger.info("goodput engine has %d SLO(s) (%d new)", len(specs), len(added))
+        return True
+
+    def _install(self, specs: list[SLOSpec], history: list[MinuteRollup]) -> int:
+        """The new set and its new SLOs' history, in one worker-thread step."""
+        self.engine.set_slos(specs)
+        return self.engine.load_rollups(history) if history else 0
 
     # -- rollups ----------------------------------------------------------------------------
 
@@ -199,23 +259,25 @@ class LiveGoodput:
         self._trim_pending()
         if not self._pending:
             return 0
-        rows = [_row(r) for r in self._pending.values()]
         try:
             async with self.sessions() as session, session.begin():
-                dialect = session.get_bind().dialect.name
-                await session.execute(_upsert(dialect), rows)
-        except Exception:  # any database failure: keep the rows, retry next time
+                written = await rollup_service.upsert(session, self._pending.values())
+        except Exception as exc:  # any database failure: keep the rows, retry next time
             self._counts["write_failures"] += 1
             if not self._failing:
-                logger.exception("writing %d goodput rollup(s) failed; will retry", len(rows))
+                logger.warning(
+                    "writing %d goodput rollup(s) failed (%s); will retry",
+                    len(self._pending),
+                    describe_error(exc),
+                )
             self._failing = True
             return 0
         if self._failing:
-            logger.warning("goodput rollups written again (%d rows)", len(rows))
+            logger.warning("goodput rollups written again (%d rows)", written)
         self._failing = False
         self._pending.clear()
-        self._counts["rollups_written"] += len(rows)
-        return len(rows)
+        self._counts["rollups_written"] += written
+        return written
 
     def _trim_pending(self) -> None:
         excess = len(self._pending) - MAX_PENDING_ROLLUPS
@@ -227,81 +289,55 @@ class LiveGoodput:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        interval = self.settings.slo_poll_interval_s
+        try:
+            await self.ensure_loaded()
+        finally:
+            self._first_attempt.set()
+        retry_s = min(_RETRY_INITIAL_S, self.settings.database_retry_max_s)
         while not self.stopping.is_set():
+            wait_s = self.settings.slo_poll_interval_s if self._loaded else retry_s
             try:
-                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
+                await asyncio.wait_for(self.stopping.wait(), timeout=wait_s)
                 return
             except TimeoutError:
                 pass
+            if not await self.ensure_loaded():
+                retry_s = min(retry_s * 2, self.settings.database_retry_max_s)
+                continue
             await self.tick()
 
     async def tick(self) -> None:
         """One loop step: reload SLOs if they changed; write rollups when due."""
         try:
             await self.refresh_slos()
-        except Exception:  # the database may be away: keep the last SLO set
-            logger.warning("polling the SLO table failed; keeping the current SLO set")
+        except Exception as exc:  # the database may be away: keep the last SLO set
+            if not self._poll_failing:
+                logger.warning(
+                    "polling the SLO table failed (%s); keeping the current SLO set",
+                    describe_error(exc),
+                )
+            self._poll_failing = True
+        else:
+            if self._poll_failing:
+                logger.warning("polling the SLO table works again")
+            self._poll_failing = False
         now = self.clock()
         if now >= self._next_rollup_at:
             self._next_rollup_at = now + self.settings.rollup_interval_s
             await self.write_rollups(now)
 
     def counts(self) -> dict[str, int]:
-        """Runtime counters: reloads, rollups written/dropped/loaded, write failures."""
-        return {**self._counts, "rollups_pending": len(self._pending)}
-
-
-async def _fingerprint(session: AsyncSession) -> Fingerprint:
-    """Changes whenever an SLO is created (count), updated or deleted (versions, time)."""
-    row = (
-        await session.execute(
-            sa.select(
-                sa.func.count(),
-                sa.func.coalesce(sa.func.sum(SLO.version), 0),
-                sa.func.max(SLO.updated_at),
-            )
-        )
-    ).one()
-    return int(row[0]), int(row[1]), str(row[2])
-
-
-def _to_rollup(row: GoodputRollup) -> MinuteRollup:
-    return MinuteRollup(
-        slo_id=str(row.slo_id),
-        minute_start=row.minute_start,
-        requests=row.requests,
-        good=row.good,
-        errors=row.errors,
-        aborted=row.aborted,
-        rejected=row.rejected,
-        output_tokens=row.output_tokens,
-        good_output_tokens=row.good_output_tokens,
-        violations=dict(row.violations),
-        sketch_blob=bytes(row.sketch_blob),
-    )
-
-
-def _row(rollup: MinuteRollup) -> dict[str, object]:
-    return {
-        "slo_id": uuid.UUID(rollup.slo_id),
-        "minute_start": rollup.minute_start,
-        **{name: getattr(rollup, name) for name in _ROLLUP_COLUMNS},
-    }
-
-
-def _upsert(dialect: str) -> sa.Executable:
-    """``INSERT … ON CONFLICT (slo_id, minute_start) DO UPDATE`` on either backend."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(GoodputRollup)
-    return statement.on_conflict_do_update(
-        index_elements=[GoodputRollup.slo_id, GoodputRollup.minute_start],
-        set_={name: statement.excluded[name] for name in _ROLLUP_COLUMNS},
-    )
+        """Runtime counters (reloads, rollups written/dropped/loaded/pending, write and
+        load failures) and ``slo_set_loaded`` (1 or 0)."""
+        return {
+            **self._counts,
+            "rollups_pending": len(self._pending),
+            "slo_set_loaded": int(self._loaded),
+        }
 
 
 class _RuntimeCollector:
-    """``goodput_rollup_*`` and ``goodput_slo_reloads_total`` from the runtime's counters."""
+    """``goodput_rollup_*`` and ``goodput_slo_*`` from the runtime's counters."""
 
     def __init__(self, live: LiveGoodput) -> None:
         self._live = live
@@ -330,6 +366,16 @@ class _RuntimeCollector:
             "Rollup rows waiting for a successful write.",
             value=counts["rollups_pending"],
         )
+        yield GaugeMetricFamily(
+            "goodput_slo_set_loaded",
+            "1 once the engine loaded the SLO set from the database; 0 while it retries.",
+            value=counts["slo_set_loaded"],
+        )
+        yield CounterMetricFamily(
+            "goodput_slo_load_failures",
+            "Attempts to load the SLO set that failed (database down or not migrated).",
+            value=counts["load_failures"],
+        )
 
 
 def app_registry() -> CollectorRegistry:
@@ -338,49 +384,3 @@ def app_registry() -> CollectorRegistry:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry
-
-
-@asynccontextmanager
-async def live_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the runtime on ``app.state.live`` (registry ``app.state.metrics_registry``)."""
-    registry = getattr(app.state, "metrics_registry", None)
-    if registry is None:
-        registry = app.state.metrics_registry = app_registry()
-    live = LiveGoodput(app.state.sessions, app.state.settings, registry=registry)
-    await live.start()
-    app.state.live = live
-    loop = asyncio.get_running_loop()
-    restore = chain_exit_signals(lambda: loop.call_soon_threadsafe(live.stopping.set))
-    try:
-        yield
-    finally:
-        restore()
-        await live.stop()
-
-
-def chain_exit_signals(callback: Callable[[], object]) -> Callable[[], None]:
-    """Run ``callback`` before the current SIGINT/SIGTERM handlers (the server's graceful
-    shutdown), and return a function that puts those handlers back. Does nothing outside
-    the main thread (signals are delivered there only) or for a signal without a Python
-    handler (its default already ends the process)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    installed: dict[int, tuple[object, object]] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
-        if not callable(previous):
-            continue
-
-        def handler(signum: int, frame: object, previous: Callable[..., object] = previous) -> None:
-            callback()
-            previous(signum, frame)
-
-        signal.signal(sig, handler)
-        installed[sig] = (handler, previous)
-
-    def restore() -> None:
-        for sig, (handler, previous) in installed.items():
-            if signal.getsignal(sig) is handler:  # unless someone replaced it since
-                signal.signal(sig, previous)  # type: ignore[arg-type]
-
-    return restore

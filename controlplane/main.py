@@ -1,9 +1,11 @@
 """The control plane's FastAPI application: ``create_app(settings) -> FastAPI``.
 
-The lifespan opens the database (``app.state.engine``, ``app.state.sessions``), then enters
-the extra lifespans it was given, in order (the goodput engine, control loops, ...), and
-closes them in reverse. Every API route must declare a role (``controlplane.api.auth``):
-the app refuses to start otherwise.
+The lifespan opens the database (``app.state.engine``, ``app.state.sessions``; nothing
+connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`),
+then enters the extra lifespans it was given, in order (control loops, ...), and closes
+them in reverse. The app starts and answers ``/health`` with the database down or not
+migrated (``/ready`` says why it is not ready). Every API route must declare a role
+(``controlplane.api.auth``): the app refuses to start otherwise.
 
 Example::
 
@@ -21,8 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -31,7 +36,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
-from controlplane.api.deps import single_valued_query
+from controlplane.api.deps import strict_query
 from controlplane.api.routes import (
     audit,
     fleet,
@@ -45,11 +50,18 @@ from controlplane.api.routes import (
 )
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
-from controlplane.live import app_registry, live_lifespan
-from controlplane.schemas.common import ERROR_RESPONSES
+from controlplane.live import LiveGoodput, app_registry
+from controlplane.schemas.common import ERROR_RESPONSES, responses
 from controlplane.settings import Settings
 
-__all__ = ["API_PREFIX", "Lifespan", "configure_logging", "create_app"]
+__all__ = [
+    "API_PREFIX",
+    "Lifespan",
+    "chain_exit_signals",
+    "configure_logging",
+    "create_app",
+    "live_lifespan",
+]
 
 API_PREFIX = "/api/v1"
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -90,13 +102,14 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         ),
         lifespan=lifespan,
         docs_url="/docs",
-        dependencies=[Depends(single_valued_query)],
+        dependencies=[Depends(strict_query)],
     )
     app.state.settings = settings
     app.state.metrics_registry = app_registry()
     install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(metrics.router)
+    # Outside /api/v1, with the errors any route may answer (its query, the key's database).
+    app.include_router(health.router, responses=responses(422, 503))
+    app.include_router(metrics.router, responses=responses(422, 503))
     app.include_router(otlp.router)
     api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
     api.include_router(slos.router)
@@ -120,6 +133,58 @@ def _document_open_routes(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+@asynccontextmanager
+async def live_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the live goodput runtime on ``app.state.live`` (registry
+    ``app.state.metrics_registry``); it starts even without a database (``controlplane.live``).
+
+    ASGI servers such as uvicorn drain open connections *before* the lifespan shutdown, so
+    an open SSE stream would hold a graceful shutdown up for good: a handler chained in
+    front of the server's SIGINT/SIGTERM handlers sets ``live.stopping`` as soon as shutdown
+    begins, which ends the streams."""
+    registry = getattr(app.state, "metrics_registry", None)
+    if registry is None:
+        registry = app.state.metrics_registry = app_registry()
+    live = LiveGoodput(app.state.sessions, app.state.settings, registry=registry)
+    await live.start()
+    app.state.live = live
+    loop = asyncio.get_running_loop()
+    restore = chain_exit_signals(lambda: loop.call_soon_threadsafe(live.stopping.set))
+    try:
+        yield
+    finally:
+        restore()
+        await live.stop()
+
+
+def chain_exit_signals(callback: Callable[[], object]) -> Callable[[], None]:
+    """Run ``callback`` before the current SIGINT/SIGTERM handlers (the server's graceful
+    shutdown), and return a function that puts those handlers back. Does nothing outside
+    the main thread (signals are delivered there only) or for a signal without a Python
+    handler (its default already ends the process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    installed: dict[int, tuple[object, object]] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: object, previous: Callable[..., object] = previous) -> None:
+            callback()
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
+        installed[sig] = (handler, previous)
+
+    def restore() -> None:
+        for sig, (handler, previous) in installed.items():
+            if signal.getsignal(sig) is handler:  # unless someone replaced it since
+                signal.signal(sig, previous)  # type: ignore[arg-type]
+
+    return restore
 
 
 class _JSONFormatter(logging.Formatter):

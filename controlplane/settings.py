@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     ``max_ingest_bytes`` bounds an ingest or OTLP body (before and after gzip);
     ``ingest_dedup_window`` / ``ingest_max_exporters`` bound batch de-duplication;
     ``slo_poll_interval_s`` is how often the live engine looks for SLO changes;
+    ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
+    load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
     """
 
@@ -55,6 +57,7 @@ class Settings(BaseSettings):
     ingest_dedup_window: int = Field(default=1024, ge=1, le=65_536)
     ingest_max_exporters: int = Field(default=100_000, ge=1)
     slo_poll_interval_s: float = Field(default=1.0, gt=0)
+    database_retry_max_s: float = Field(default=30.0, gt=0)
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
     log_level: LogLevel = "INFO"

@@ -1,8 +1,11 @@
-"""Dependency aliases for route signatures: the request's session and the caller's role.
+"""Dependency aliases for route signatures: the request's session, the caller's role, the
+live goodput runtime, and the app-wide query rule (:func:`strict_query`).
 
 ``SessionDep`` is one transaction per request: committed when the handler returns, rolled
 back when it raises. Its scope is ``"function"`` so the commit happens *before* the response
 is sent; a failing commit is then an error response, never a 2xx for a lost write.
+``LiveDep`` is the runtime once its SLO set is loaded (503 before). Declare the role first:
+dependencies run in order, so an unauthenticated caller gets its 401 before anything else.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from types import UnionType
 from typing import Annotated, Union, get_args, get_origin
 
 from fastapi import Depends, Request
+from fastapi.dependencies.utils import get_flat_dependant
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.api.auth import Principal, require
-from controlplane.errors import InvalidInputError
+from controlplane.errors import InvalidInputError, UnavailableError
+from controlplane.live import LiveGoodput
 from controlplane.models import Role
 from controlplane.settings import Settings
 
@@ -23,13 +28,15 @@ __all__ = [
     "Admin",
     "Agent",
     "Ingest",
+    "LiveDep",
     "Operator",
     "SessionDep",
     "SettingsDep",
     "Viewer",
     "get_session",
     "get_settings",
-    "single_valued_query",
+    "loaded_live",
+    "strict_query",
 ]
 
 
@@ -42,18 +49,38 @@ def _is_sequence(annotation: object) -> bool:
     return False
 
 
-async def single_valued_query(request: Request) -> None:
-    """Refuse a query parameter given several times where the route takes one value
-    (FastAPI would silently keep the last): ``?model=a&model=b`` is a 422, not a guess."""
-    route = request.scope.get("route")
+def _query_params(route: object) -> tuple[frozenset[str], frozenset[str]]:
+    """The query parameters the route declares (its dependencies' too), and those of them
+    that take several values (``?x=a&x=b``)."""
     dependant = getattr(route, "dependant", None)
-    multi = {
-        field.alias
-        for field in (dependant.query_params if dependant is not None else ())
-        if _is_sequence(field.field_info.annotation)
-    }
+    params = get_flat_dependant(dependant).query_params if dependant is not None else []
+    names = frozenset(field.alias for field in params)
+    multi = frozenset(f.alias for f in params if _is_sequence(f.field_info.annotation))
+    return names, multi
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:37] + "...")
+
+
+async def strict_query(request: Request) -> None:
+    """Refuse what the route's query schema does not allow, rather than guess: a parameter
+    the route does not declare (FastAPI would ignore it, so ``?limt=5`` would silently list
+    50) and a parameter given several times where the route takes one value (FastAPI would
+    keep the last: ``?model=a&model=b``). Both are a 422 naming the parameter."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:  # most calls: nothing to check
+        return
+    names, multi = _query_params(route)
     for key in dict.fromkeys(request.query_params.keys()):
         values = request.query_params.getlist(key)
+        if key not in names:
+            allowed = ", ".join(sorted(names)) or "none"
+            raise InvalidInputError(
+                f"{key!r} is not a query parameter of this route (allowed: {allowed}), "
+                f"got {_shown(values[0])}",
+                loc=("query", key),
+            )
         if len(values) > 1 and key not in multi:
             raise InvalidInputError(
                 f"{key} must be given once, got {len(values)} values", loc=("query", key)
@@ -70,7 +97,21 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+async def loaded_live(request: Request) -> LiveGoodput:
+    """The live goodput runtime once it has loaded the SLO set (it tries now if it has not):
+    until then a 503 naming the reason, with ``Retry-After``, so exporters keep their
+    batches and resend them rather than have them counted against no SLO."""
+    live: LiveGoodput = request.app.state.live
+    if not await live.ensure_loaded():
+        raise UnavailableError(
+            f"the goodput engine has not loaded the SLO set yet ({live.load_error}); retry later",
+            retry_after_s=1,
+        )
+    return live
+
+
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+LiveDep = Annotated[LiveGoodput, Depends(loaded_live)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]

@@ -12,6 +12,7 @@ from controlplane.models.enums import FleetKind, FleetRole, FleetState
 from controlplane.schemas.common import WireModel
 
 __all__ = [
+    "ENDPOINT_PATTERN",
     "MEMBER_ID_PATTERN",
     "FleetHeartbeat",
     "FleetMemberPublic",
@@ -22,7 +23,10 @@ __all__ = [
 
 MEMBER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 MemberId = Annotated[str, Field(min_length=1, max_length=128, pattern=MEMBER_ID_PATTERN)]
-Endpoint = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^https?://[^\s\x00]+$")]
+# Printable ASCII, as RFC 3986 has it (anything else is percent-encoded). Spelled without
+# \s, which means different characters to pydantic's regex engine and to JSON Schema's.
+ENDPOINT_PATTERN = r"^https?://[!-~]+$"
+Endpoint = Annotated[str, Field(min_length=1, max_length=500, pattern=ENDPOINT_PATTERN)]
 MAX_LOAD_TEXT = 2000
 
 

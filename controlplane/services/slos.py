@@ -42,6 +42,7 @@ __all__ = [
     "list_slos",
     "list_versions",
     "live_specs",
+    "slo_set_fingerprint",
     "slo_snapshot",
     "to_spec",
     "update_slo",
@@ -345,3 +346,19 @@ async def live_specs(session: AsyncSession) -> list[SLOSpec]:
     """Every live SLO as an engine spec (what the goodput engine loads at start and reload)."""
     rows = await session.scalars(sa.select(SLO).where(SLO.deleted_at.is_(None)).order_by(SLO.name))
     return [to_spec(slo) for slo in rows]
+
+
+async def slo_set_fingerprint(session: AsyncSession) -> tuple[int, int, str]:
+    """One cheap aggregate of the ``slo`` table that changes whenever an SLO is created
+    (row count), updated or deleted (sum of versions, latest ``updated_at``): the live
+    engine polls it and reloads :func:`live_specs` only when it changes."""
+    row = (
+        await session.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(SLO.version), 0),
+                sa.func.max(SLO.updated_at),
+            )
+        )
+    ).one()
+    return int(row[0]), int(row[1]), str(row[2])

@@ -10,9 +10,11 @@
   it ends when the client goes away or the app shuts down.
 
 ``window`` is one of ``10s``, ``1m`` (default), ``5m``, ``1h``, ``1d``, ``compliance`` (the
-SLO's own window); anything else is a 400 naming them. A key scoped to a tenant sees only SLOs whose
-selector has that tenant, and may dry-run only such SLOs. The numbers are the engine's
-(``controlplane.goodput``): attainment and counts exact, percentiles within the sketch's 1 %.
+SLO's own window); anything else is a 400 naming them. A key scoped to a tenant sees only
+SLOs whose selector has that tenant, and may dry-run only such SLOs. The numbers are the
+engine's (``controlplane.goodput``): attainment and counts exact, percentiles within the
+sketch's 1 %. Queries and the stream answer 503 until the engine has loaded the SLO set (after
+a start without a database, ``controlplane.live``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import SessionDep, Viewer
+from controlplane.api.deps import LiveDep, SessionDep, Viewer
 from controlplane.api.routes._params import Ref
 from controlplane.errors import ForbiddenError, InvalidInputError, NotFoundError
 from controlplane.goodput import (
@@ -55,8 +57,14 @@ MAX_DRY_RUN_WINDOW_S = 3600.0
 _BAD_WINDOW: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "Unknown window name"}
 }
+# A plain string checked by _window (a 400 naming the windows); the schema lists them.
 WindowQuery = Annotated[
-    str, Query(max_length=20, description=f"one of {list(WINDOWS)} (default 1m)")
+    str,
+    Query(
+        max_length=20,
+        description=f"one of {list(WINDOWS)} (default 1m)",
+        json_schema_extra={"enum": list(WINDOWS)},
+    ),
 ]
 
 
@@ -143,14 +151,13 @@ def _visible(selector: Mapping[str, str], tenant: str | None) -> bool:
 async def slo_goodput(
     principal: Viewer,
     session: SessionDep,
-    request: Request,
+    live: LiveDep,
     slo_ref: Ref,
     window: WindowQuery = "1m",
 ) -> GoodputStatsPublic:
     """The SLO's goodput, attainment, error budget, burn rate and latency percentiles."""
     name = _window(window)
     slo = await slo_service.get_slo(session, slo_ref, tenant=principal.tenant)
-    live = _live(request)
     slo_id = str(slo.id)
     spec = live.spec(slo_id)
     if spec is None or spec.version != slo.version:
@@ -164,11 +171,10 @@ async def slo_goodput(
 
 @router.get("/goodput", responses=_BAD_WINDOW)
 async def all_goodput(
-    principal: Viewer, request: Request, window: WindowQuery = "1m"
+    principal: Viewer, live: LiveDep, window: WindowQuery = "1m"
 ) -> GoodputsPublic:
     """Every SLO's stats over ``window``, in the engine's order (by name)."""
     name = _window(window)
-    live = _live(request)
     visible = {s.id for s in live.engine.slos if _visible(s.selector, principal.tenant)}
     stats = await run_in_threadpool(live.engine.summary, None, name)
     data = [_public(s) for s in stats if s.slo_id in visible]
@@ -236,12 +242,12 @@ async def _events(live: LiveGoodput, tenant: str | None, interval_s: float) -> A
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
-async def goodput_stream(principal: Viewer, request: Request) -> StreamingResponse:
+async def goodput_stream(principal: Viewer, live: LiveDep, request: Request) -> StreamingResponse:
     """``event: goodput`` once a second: ``{"time", "slos": [{"slo_id", "slo_name",
     "windows": {"10s": stats, "1m": stats, "5m": stats}}]}``."""
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
     return StreamingResponse(
-        _events(_live(request), principal.tenant, interval_s),
+        _events(live, principal.tenant, interval_s),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,6 +1,8 @@
-"""Liveness (``/health``: the process answers) and readiness (``/ready``: the database
-answers and its schema is the one this code expects). Both are open unless
-``GOODPUT_OPEN_HEALTH=false``, in which case they need a viewer key."""
+"""Liveness (``/health``: the process answers, whatever the database does) and readiness
+(``/ready``: the database answers, its schema is the one this code expects, and the live
+goodput engine has loaded the SLO set — it retries on its own after a start without a
+database; ``/ready`` also tries at once). Both are open unless ``GOODPUT_OPEN_HEALTH=false``,
+in which case they need a viewer key."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from controlplane.api.auth import Principal, require
-from controlplane.errors import UnavailableError
+from controlplane.errors import UnavailableError, describe_error
+from controlplane.live import LiveGoodput
 from controlplane.models import SCHEMA_REVISION, Role
 from controlplane.schemas.common import ErrorPublic, responses
 
@@ -63,13 +66,15 @@ async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
             f"not ready: database did not answer within {settings.ready_timeout_s} s"
         ) from None
     except sa.exc.DBAPIError as exc:
-        raise UnavailableError(
-            f"not ready: database unreachable ({type(exc.orig).__name__}: "
-            f"{' '.join(str(exc.orig).split())[:200]})"
-        ) from None
+        raise UnavailableError(f"not ready: database unreachable ({describe_error(exc)})") from None
     if revision != SCHEMA_REVISION:
         raise UnavailableError(
             f"not ready: database schema is at revision {revision!r}, this control plane "
             f"needs {SCHEMA_REVISION!r}; run `goodput db upgrade`"
+        )
+    live: LiveGoodput = request.app.state.live
+    if not await live.ensure_loaded():
+        raise UnavailableError(
+            f"not ready: the goodput engine has not loaded the SLO set ({live.load_error})"
         )
     return ReadyPublic(status="ready", database=dialect, schema_revision=revision)

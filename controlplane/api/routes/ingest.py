@@ -11,8 +11,9 @@ does not decode (truncated, corrupted, not msgpack/JSON); 422 for a batch that d
 breaks the contract (the entry names the field, e.g. ``emission_offsets_us``); 403 for a
 tenant-scoped key sending another tenant's records; 409 for a ``seq`` below the
 de-duplication window (an exporter restarted under the same id); 413; 415; 503 when the
-engine failed (nothing applied; the exporter retries). A batch is applied whole or not at
-all. The decoding and the engine's work run in a worker thread.
+engine failed or has not loaded the SLO set yet (nothing applied; the exporter retries). A
+batch is applied whole or not at all. The decoding and the engine's work run in a worker
+thread.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import Ingest
+from controlplane.api.deps import Ingest, LiveDep
 from controlplane.errors import (
     ConflictError,
     ForbiddenError,
@@ -42,6 +43,7 @@ from controlplane.ingest import (
     read_limited,
 )
 from controlplane.schemas.common import ErrorPublic, responses
+from controlplane.schemas.ingest import WIRE_BATCH_JSON_SCHEMA
 from exporters.wire import CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON, WireError, decode_any
 
 __all__ = ["IngestResultPublic", "router"]
@@ -53,10 +55,13 @@ _MESSAGE_FIELDS = frozenset({"batch", "body", "crc32"})
 _BODY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "A record batch of the wire contract (docs/wire.md)",
+        "description": (
+            "A record batch of the wire contract (docs/wire.md): binary (what exporters send) "
+            "or its JSON form, optionally `Content-Encoding: gzip`"
+        ),
         "content": {
             CONTENT_TYPE_BINARY: {"schema": {"type": "string", "format": "binary"}},
-            CONTENT_TYPE_JSON: {"schema": {"type": "object"}},
+            CONTENT_TYPE_JSON: {"schema": WIRE_BATCH_JSON_SCHEMA},
         },
     }
 }
@@ -103,9 +108,8 @@ def _wire_error(exc: WireError) -> Exception:
     responses={**BAD_REQUEST, **responses(409, 413, 415)},
     openapi_extra=_BODY_DOC,
 )
-async def ingest(principal: Ingest, request: Request) -> IngestResultPublic:
+async def ingest(principal: Ingest, live: LiveDep, request: Request) -> IngestResultPublic:
     """Apply one record batch, once per ``(exporter_id, seq)``."""
-    live = request.app.state.live
     max_bytes: int = request.app.state.settings.max_ingest_bytes
     ingestor: Ingestor = live.ingestor
     headers = request.headers

@@ -30,7 +30,13 @@ MetricsGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="o
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={**responses(401, 403), 200: {"content": {"text/plain": {}}}},
+    responses={
+        **responses(401, 403),
+        200: {
+            "description": "The Prometheus text format, or OpenMetrics if `Accept` asks for it",
+            "content": {"text/plain": {}, "application/openmetrics-text": {}},
+        },
+    },
 )
 async def metrics(_: MetricsGuard, request: Request) -> Response:
     """Every metric of the app's registry, encoded as the scraper's ``Accept`` asks."""

@@ -1,0 +1,105 @@
+"""Goodput minute rollups in the database: an SLO's stored history, and the upsert of
+minutes the engine emitted (``goodput_rollup``, keyed by ``(slo_id, minute_start)``).
+
+The live runtime (``controlplane.live``) is the one caller: it reads the history of SLOs
+that enter the engine and upserts complete minutes on a timer. Like every service these
+take the caller's session and never commit it.
+
+Example::
+
+    async with sessions() as session:
+        rollups = await history(session, specs, now=time.time())
+    async with sessions() as session, session.begin():
+        await upsert(session, engine.rollups(time.time()))
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.goodput import MinuteRollup, SLOSpec
+from controlplane.models import GoodputRollup
+
+__all__ = ["HISTORY_MIN_S", "history", "upsert"]
+
+#: History loaded for an SLO: its compliance window, and at least a day (the ``1d`` window).
+HISTORY_MIN_S = 86_400.0
+_COLUMNS = (
+    "requests",
+    "good",
+    "errors",
+    "aborted",
+    "rejected",
+    "output_tokens",
+    "good_output_tokens",
+    "violations",
+    "sketch_blob",
+)
+
+
+async def history(
+    session: AsyncSession, specs: Iterable[SLOSpec], *, now: float
+) -> list[MinuteRollup]:
+    """The stored minutes of each SLO over max(its window, a day) before ``now`` (Unix s),
+    oldest first per SLO."""
+    out: list[MinuteRollup] = []
+    for spec in specs:
+        since = datetime.fromtimestamp(now - max(spec.window_s, HISTORY_MIN_S), tz=UTC)
+        rows = await session.scalars(
+            sa.select(GoodputRollup)
+            .where(
+                GoodputRollup.slo_id == uuid.UUID(spec.id),
+                GoodputRollup.minute_start >= since,
+            )
+            .order_by(GoodputRollup.minute_start)
+        )
+        out.extend(_to_rollup(row) for row in rows)
+    return out
+
+
+async def upsert(session: AsyncSession, rollups: Iterable[MinuteRollup]) -> int:
+    """``INSERT … ON CONFLICT (slo_id, minute_start) DO UPDATE`` of every rollup (a minute
+    the engine re-emits after late records replaces the stored one). Returns the rows sent."""
+    rows = [_row(r) for r in rollups]
+    if rows:
+        await session.execute(_upsert(session.get_bind().dialect.name), rows)
+    return len(rows)
+
+
+def _to_rollup(row: GoodputRollup) -> MinuteRollup:
+    return MinuteRollup(
+        slo_id=str(row.slo_id),
+        minute_start=row.minute_start,
+        requests=row.requests,
+        good=row.good,
+        errors=row.errors,
+        aborted=row.aborted,
+        rejected=row.rejected,
+        output_tokens=row.output_tokens,
+        good_output_tokens=row.good_output_tokens,
+        violations=dict(row.violations),
+        sketch_blob=bytes(row.sketch_blob),
+    )
+
+
+def _row(rollup: MinuteRollup) -> dict[str, object]:
+    return {
+        "slo_id": uuid.UUID(rollup.slo_id),
+        "minute_start": rollup.minute_start,
+        **{name: getattr(rollup, name) for name in _COLUMNS},
+    }
+
+
+def _upsert(dialect: str) -> sa.Executable:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(GoodputRollup)
+    return statement.on_conflict_do_update(
+        index_elements=[GoodputRollup.slo_id, GoodputRollup.minute_start],
+        set_={name: statement.excluded[name] for name in _COLUMNS},
+    )
