@@ -283,3 +283,23 @@ async def test_errors_are_google_rpc_statuses(
     assert response.status_code == 403
     assert "scoped to tenant 'acme'" in status_pb2.Status.FromString(response.content).message
     assert records_of(app) == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"resourceSpans": 5}',
+        b'{"resourceSpans": ["x"]}',
+        b'{"resourceSpans": [{"scopeSpans": [1]}]}',
+    ],
+)
+async def test_json_of_the_wrong_shape_is_a_400_not_a_500(
+    app: FastAPI, client: httpx.AsyncClient, otlp_headers: dict[str, str], body: bytes
+) -> None:
+    headers = {**otlp_headers, "Content-Type": "application/json"}
+    response = await client.post(TRACES, content=body, headers=headers)
+    assert response.status_code == 400
+    status = response.json()
+    assert status["code"] == 3
+    assert status["message"].startswith("body: not an OTLP/JSON ExportTraceServiceRequest (")
+    assert records_of(app) == 0
