@@ -166,7 +166,8 @@ class KeyCache:
     dropped, never served. ``invalidate(key_id)`` (called by :func:`revoke_key`) drops the
     key and refuses to cache it again, so a lookup that read the row before the revocation
     committed cannot bring it back. At most ``max_entries`` prefixes are kept, least
-    recently used evicted first. Thread-safe; ``clock`` is monotonic seconds.
+    recently used evicted first. Thread-safe. ``clock`` (monotonic seconds) and ``ttl_s``
+    are plain attributes, so a test can drive time.
 
     Example::
 
@@ -186,7 +187,7 @@ class KeyCache:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._clock = clock
+        self.clock = clock
         self._lock = threading.Lock()
         # prefix -> (expiry, keys with that prefix); usually one key per prefix.
         self._entries: OrderedDict[str, tuple[float, tuple[AuthenticatedKey, ...]]] = OrderedDict()
@@ -205,7 +206,7 @@ class KeyCache:
             entry = self._entries.get(prefix)
             if entry is None:
                 return None
-            if entry[0] <= self._clock():
+            if entry[0] <= self.clock():
                 del self._entries[prefix]
                 return None
             self._entries.move_to_end(prefix)
@@ -223,7 +224,7 @@ class KeyCache:
             if not live:
                 self._entries.pop(prefix, None)
                 return
-            self._entries[prefix] = (self._clock() + self.ttl_s, live)
+            self._entries[prefix] = (self.clock() + self.ttl_s, live)
             self._entries.move_to_end(prefix)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
