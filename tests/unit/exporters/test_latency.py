@@ -17,6 +17,7 @@ from exporters._reference import (
 from exporters.latency import (
     ItlGroups,
     itl_gaps_s,
+    itl_gaps_us,
     itl_percentile_s,
     request_latencies,
 )
@@ -267,3 +268,78 @@ def test_itl_groups_serve_several_percentiles_from_one_sort(
     assert groups.num_gaps.tolist() == [len(reference_gaps_s(r)) for r in recs]
     for q in qs:
         np.testing.assert_array_equal(groups.percentile(q), itl_percentile_s(batch, q))
+
+
+# -- long requests, wide values, and the shared-gaps API -------------------------------------
+
+
+def _long_batch(lengths: list[int], seed: int, scale_us: int = 40_000) -> RecordBatch:
+    """Requests with ``lengths[i]`` emissions each; gaps drawn with many ties."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for i, length in enumerate(lengths):
+        gaps = rng.integers(0, scale_us, size=max(length - 1, 0)) // 7 * 7
+        offsets = 1_000 + np.concatenate(([0], np.cumsum(gaps))) if length else []
+        records.append(_rec(list(np.asarray(offsets, dtype=np.int64)), request_id=f"r{i}"))
+    return RecordBatch.from_records(records)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "scale_us"),
+    [
+        ([0, 1, 2, 3, 600, 1500, 5000, 257, 513, 1025, 2], 40_000),  # every size class
+        ([3000, 40, 3000], 2**33),  # gaps beyond int32: sorted as int64
+        ([2] * 50 + [1] * 5, 1_000_000),
+    ],
+)
+def test_percentiles_of_long_requests_equal_numpy(lengths: list[int], scale_us: int) -> None:
+    batch = _long_batch(lengths, seed=len(lengths), scale_us=scale_us)
+    groups = ItlGroups.of(batch)
+    qs = [50.0, 90.0, 95.0, 99.0, 99.9, 100.0, 1e-9, 33.3]
+    together = groups.percentiles(qs)
+    gaps, rows = itl_gaps_s(batch)
+    for q in qs:
+        got = groups.percentile(q)
+        np.testing.assert_array_equal(together[q], got)
+        for row, length in enumerate(lengths):
+            mine = gaps[rows == row]
+            if length < 2:
+                assert math.isnan(got[row])
+            else:
+                assert got[row] == float(np.percentile(mine, q)), (row, q)
+    # The sorted slices are the rows' gaps, ascending, in integer µs.
+    for row in range(len(lengths)):
+        start, count = int(groups.group_starts[row]), int(groups.num_gaps[row])
+        want = np.sort(np.round(gaps[rows == row] * 1e6).astype(np.int64))
+        np.testing.assert_array_equal(groups.sorted_us[start : start + count], want)
+        np.testing.assert_array_equal(groups.sorted_s[start : start + count], want / 1e6)
+
+
+@settings(deadline=None)
+@given(record_lists())
+def test_gaps_in_microseconds_feed_the_latencies_and_the_groups(
+    recs: list[RequestRecord],
+) -> None:
+    batch = RecordBatch.from_records(recs)
+    gaps_us, num_gaps = itl_gaps_us(batch)
+    gaps_s, rows = itl_gaps_s(batch)
+    assert gaps_us.dtype == np.int64
+    np.testing.assert_array_equal(gaps_us / 1e6, gaps_s)
+    assert np.repeat(np.arange(len(recs)), num_gaps).tolist() == rows.tolist()
+    shared = request_latencies(batch, gaps=(gaps_us, num_gaps))
+    alone = request_latencies(batch)
+    for name in ("ttft_s", "tpot_s", "e2el_s", "itl_max_s", "output_tokens", "num_gaps"):
+        np.testing.assert_array_equal(getattr(shared, name), getattr(alone, name))
+    from_gaps = ItlGroups.from_gaps(gaps_us, num_gaps)
+    for q in (50.0, 99.0):
+        np.testing.assert_array_equal(from_gaps.percentile(q), itl_percentile_s(batch, q))
+
+
+def test_percentiles_of_no_percentile_and_of_rows_without_gaps() -> None:
+    batch = RecordBatch.from_records([_rec([5]), _rec([])])
+    groups = ItlGroups.of(batch)
+    assert groups.percentiles([]) == {}
+    assert np.isnan(groups.percentiles([50.0])[50.0]).all()
+    with pytest.raises(ValueError) as err:
+        groups.percentiles([50.0, 101.0])
+    assert str(err.value) == "q must be in (0, 100], got 101.0"

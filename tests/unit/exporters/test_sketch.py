@@ -269,3 +269,49 @@ def test_rank_convention_is_lower_with_rounding_forgiven() -> None:
     assert abs(sketch.quantile(0.07) - 0.007) <= ALPHA * 0.007
     assert reference_quantile_lower(values, 0.0) == 0.001
     assert reference_quantile_lower(values, 0.995) == 0.1
+
+
+# -- integer microseconds -------------------------------------------------------------------
+
+TABLE_EDGE = 1 << 20  # values below are looked up in the table, above go through log()
+microseconds = (
+    st.integers(0, 5_000)
+    | st.integers(0, TABLE_EDGE + 10)
+    | st.integers(TABLE_EDGE - 3, TABLE_EDGE + 3)
+    | st.integers(0, 10**11)
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(microseconds, max_size=200))
+def test_bucket_index_us_equals_bucket_index_of_the_seconds(values: list[int]) -> None:
+    array = np.array(values, dtype=np.int64)
+    got = LatencySketch.bucket_index_us(array)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, LatencySketch.bucket_index(array / 1e6))
+
+
+def test_bucket_index_us_on_every_bucket_edge_of_the_table() -> None:
+    # Each µs just below, at and above each bucket edge within the table's range.
+    upper = LatencySketch.UPPER_BOUNDS_S[:-1] * 1e6
+    edges = np.floor(upper[upper < TABLE_EDGE]).astype(np.int64)
+    values = np.unique(np.concatenate((edges - 1, edges, edges + 1, [0, 1, TABLE_EDGE - 1])))
+    values = values[values >= 0]
+    np.testing.assert_array_equal(
+        LatencySketch.bucket_index_us(values), LatencySketch.bucket_index(values / 1e6)
+    )
+    for dtype in (np.int32, np.uint16, np.uint64):
+        small = values[values < 60_000].astype(dtype)
+        np.testing.assert_array_equal(
+            LatencySketch.bucket_index_us(small), LatencySketch.bucket_index(small / 1e6)
+        )
+
+
+def test_bucket_index_us_refuses_negative_and_non_integer_values() -> None:
+    with pytest.raises(SketchError) as err:
+        LatencySketch.bucket_index_us(np.array([5, -3], dtype=np.int64))
+    assert str(err.value) == "values_us must be >= 0, got -3"
+    with pytest.raises(SketchError) as err:
+        LatencySketch.bucket_index_us(np.array([0.5]))
+    assert str(err.value) == "values_us must be integers, got dtype float64"
+    assert LatencySketch.bucket_index_us(np.zeros(0, dtype=np.int64)).shape == (0,)

@@ -1,0 +1,134 @@
+"""What ingest shares between SLOs changes nothing: sketches and histograms count every
+value exactly, and SLOs that select the same rows count as if each were alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.goodput import GoodputEngine, SLOSpec, rollup_sketches
+from controlplane.goodput._batch import METRICS, PROM_OF_CODE, gap_codes
+from exporters import buckets
+from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
+from exporters.sketch import LatencySketch
+from exporters.slo import Metric, Objective
+from tests.unit.controlplane.goodput.fixtures import T0, FakeClock, make_record, make_spec, offline
+
+US = 1_000_000
+NOW = T0 + 1300
+# Gaps on and around Prometheus bounds (10 ms, 2.5 ms), the code table's end (2**20 µs)
+# and far beyond it, with ordinary ones.
+gap_values = st.integers(0, 90_000) | st.sampled_from(
+    [0, 1, 2_499, 2_500, 2_501, 9_999, 10_000, 10_001, 1_048_575, 1_048_576, 3_000_000]
+)
+
+
+@st.composite
+def records(draw: st.DrawFn) -> list[RequestRecord]:
+    out = []
+    for i in range(draw(st.integers(1, 30))):
+        gaps = draw(st.lists(gap_values, max_size=8))
+        out.append(
+            make_record(
+                f"r{i}",
+                (T0 + 1000) * US + draw(st.integers(0, 250 * US)),
+                ttft_us=draw(st.integers(-1, 400_000)),
+                gaps_us=gaps,
+                status=draw(st.sampled_from([Status.OK, Status.OK, Status.ERROR, Status.ABORTED])),
+                labels=Labels(model="m", tenant=draw(st.sampled_from(["a", "b"]))),
+                vantage=draw(st.sampled_from([Vantage.GATEWAY, Vantage.GATEWAY, Vantage.ENGINE])),
+                final=draw(st.booleans() | st.just(True)),
+                detail=draw(
+                    st.sampled_from([TokenDetail.FULL, TokenDetail.FULL, TokenDetail.SUMMARY])
+                ),
+            )
+        )
+    return out
+
+
+def specs() -> list[SLOSpec]:
+    """Three SLOs over the same rows (two selectors and none), one over a subset, one on
+    the other vantage; ITL objectives of several statistics."""
+    return [
+        make_spec([Objective(Metric.TTFT, 0.2)], slo_id="all"),
+        make_spec(
+            [Objective(Metric.ITL, 0.02, "p99"), Objective(Metric.TPOT, 0.03)],
+            slo_id="model",
+            selector={"model": "m"},
+        ),
+        make_spec([Objective(Metric.ITL, 0.05)], slo_id="same", selector={"model": "m"}),
+        make_spec(
+            [Objective(Metric.ITL, 0.01, "p50"), Objective(Metric.E2EL, 0.5)],
+            slo_id="tenant-a",
+            selector={"tenant": "a"},
+        ),
+        make_spec([Objective(Metric.TTFT, 0.1)], slo_id="engine", vantage=Vantage.ENGINE),
+    ]
+
+
+def ingest_all(engine: GoodputEngine, recs: list[RequestRecord], cuts: list[int]) -> None:
+    for lo, hi in zip([0, *cuts], [*cuts, len(recs)], strict=True):
+        if hi > lo:
+            engine.ingest(RecordBatch.from_records(recs[lo:hi]))
+
+
+def sketch_totals(engine: GoodputEngine, slo_id: str) -> dict[str, np.ndarray]:
+    """Per metric, the sum of the sketches of every minute rollup of ``slo_id``."""
+    totals = {name: np.zeros(LatencySketch.NUM_BUCKETS, dtype=np.int64) for name in METRICS}
+    for rollup in engine.reemit_rollups(T0, NOW + 120):
+        if rollup.slo_id == slo_id:
+            for name, sketch in rollup_sketches(rollup.sketch_blob).items():
+                totals[name] += sketch.counts
+    return totals
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records(), st.lists(st.integers(0, 30), max_size=3).map(sorted))
+def test_every_value_lands_in_its_exact_sketch_and_prometheus_bucket(recs, cuts) -> None:
+    engine = GoodputEngine(clock=FakeClock(NOW))
+    engine.set_slos(specs())
+    ingest_all(engine, recs, cuts)
+    totals = {t.slo_id: t for t in engine.totals()}
+    for spec in specs():
+        exact = offline(spec, recs)
+        sketches = sketch_totals(engine, spec.id)
+        for name in METRICS:
+            values = np.asarray(getattr(exact, name), dtype=np.float64)
+            np.testing.assert_array_equal(sketches[name], LatencySketch.bucket_counts(values))
+            histogram = totals[spec.id].histograms[name]
+            want = np.bincount(
+                buckets.bucket_index(values), minlength=len(buckets.LATENCY_BUCKETS_S) + 1
+            )
+            assert list(histogram.bucket_counts) == want.tolist(), (spec.id, name)
+            assert math.isclose(histogram.sum_s, float(values.sum()), rel_tol=1e-9, abs_tol=1e-9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records(), st.lists(st.integers(0, 30), max_size=3).map(sorted))
+def test_slos_sharing_rows_count_as_if_each_were_alone(recs, cuts) -> None:
+    together = GoodputEngine(clock=FakeClock(NOW))
+    together.set_slos(specs())
+    ingest_all(together, recs, cuts)
+    for spec in specs():
+        alone = GoodputEngine(clock=FakeClock(NOW))
+        alone.set_slos([spec])
+        ingest_all(alone, recs, cuts)
+        (want,) = alone.totals()
+        got = next(t for t in together.totals() if t.slo_id == spec.id)
+        assert got == want
+        for window in ("10s", "1m", "5m", "1h"):
+            assert together.query(spec.id, window) == alone.query(spec.id, window)
+        for name, counts in sketch_totals(together, spec.id).items():
+            np.testing.assert_array_equal(counts, sketch_totals(alone, spec.id)[name])
+
+
+@given(st.lists(gap_values | st.integers(0, 10**10), min_size=1, max_size=100))
+def test_a_gap_code_holds_its_sketch_and_prometheus_buckets(values) -> None:
+    gaps_us = np.asarray(values, dtype=np.int64)
+    codes = gap_codes(gaps_us)
+    seconds = gaps_us / 1e6
+    np.testing.assert_array_equal(codes // 2, LatencySketch.bucket_index(seconds))
+    np.testing.assert_array_equal(PROM_OF_CODE[codes], buckets.bucket_index(seconds))
