@@ -73,7 +73,14 @@ async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
             f"needs {SCHEMA_REVISION!r}; run `goodput db upgrade`"
         )
     live: LiveGoodput = request.app.state.live
-    if not await live.ensure_loaded():
+    try:  # the attempt goes on if the probe gives up waiting (ensure_loaded shields it)
+        loaded = await asyncio.wait_for(live.ensure_loaded(), settings.ready_timeout_s)
+    except TimeoutError:
+        raise UnavailableError(
+            f"not ready: the goodput engine is still loading the SLO set "
+            f"(more than {settings.ready_timeout_s} s)"
+        ) from None
+    if not loaded:
         raise UnavailableError(
             f"not ready: the goodput engine has not loaded the SLO set ({live.load_error})"
         )
