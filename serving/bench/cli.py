@@ -18,13 +18,18 @@ import asyncio
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-__all__ = ["BenchOptions", "bench", "run_bench"]
+if TYPE_CHECKING:
+    from exporters.records import RequestRecord
+
+__all__ = ["BenchError", "BenchOptions", "bench", "run_bench"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +91,17 @@ def _served_model(url: str) -> str:
         ) from None
 
 
-def run_bench(options: BenchOptions, out: IO[str] | None = None) -> dict[str, Any]:
+def run_bench(
+    options: BenchOptions,
+    out: IO[str] | None = None,
+    *,
+    stop: threading.Event | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> dict[str, Any]:
     """Run the replay and return ``{"summary", "options", "requests"}`` (also written to
-    ``options.out`` as JSON when set); prints the summary to ``out`` (stdout)."""
+    ``options.out`` as JSON when set); prints the summary to ``out`` (stdout). Setting
+    ``stop`` ends the replay early (:func:`~serving.bench.runner.run_plan`); ``on_record``
+    is called with each request's final client-side record."""
     from tqdm import tqdm
 
     from serving.bench.prompts import PromptFactory, plan_requests
@@ -122,10 +135,11 @@ def run_bench(options: BenchOptions, out: IO[str] | None = None) -> dict[str, An
 
     factory = PromptFactory(AutoTokenizer.from_pretrained(str(model_dir)), seed=options.seed)
     blocks = plan.blocks
-    prompts = [
-        factory.build(int(n), key=i, blocks=blocks[i] if blocks else None)
-        for i, n in enumerate(plan.input_tokens.tolist())
-    ]
+    lengths = plan.input_tokens.tolist()
+
+    def prompt(i: int) -> str:  # built when the request is due: a long plan starts at once
+        return factory.build(lengths[i], key=i, blocks=blocks[i] if blocks else None)
+
     model = options.model or _served_model(options.url)
     print(
         f"goodput bench: {len(plan)} requests of {options.trace} over {options.duration_s:g} s "
@@ -138,17 +152,23 @@ def run_bench(options: BenchOptions, out: IO[str] | None = None) -> dict[str, An
         flush=True,
     )
     bar = tqdm(total=len(plan), desc="requests", unit="req", disable=not options.progress)
+
+    def on_done(record: RequestRecord) -> None:
+        bar.update(1)
+        if on_record is not None:
+            on_record(record)
     try:
         run = asyncio.run(
             run_plan(
                 options.url,
                 model,
-                prompts,
+                prompt,
                 plan,
                 request_id_prefix=options.request_id_prefix,
                 timeout_s=options.timeout_s,
                 headers=options.headers,
-                on_done=lambda _: bar.update(1),
+                on_done=on_done,
+                stop=stop,
             )
         )
     finally:

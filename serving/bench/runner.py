@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ class BenchRun:
 async def run_plan(
     url: str,
     model: str,
-    prompts: list[str],
+    prompts: Sequence[str] | Callable[[int], str],
     plan: RequestPlan,
     *,
     request_id_prefix: str = "bench",
@@ -56,13 +56,15 @@ async def run_plan(
     transport: httpx.AsyncBaseTransport | None = None,
     stop: threading.Event | None = None,
 ) -> BenchRun:
-    """Replay ``plan`` (with ``prompts[i]`` for request *i*) against ``url`` and wait for
+    """Replay ``plan`` (with ``prompts[i]``, or ``prompts(i)`` made when request *i* is due,
+    as its prompt) against ``url`` and wait for
     every request to finish. ``on_done`` is called with each final record (a progress
     bar). ``timeout_s`` bounds each request's wait for a chunk and its connection.
     Setting ``stop`` (from any thread) ends the replay early: no more requests are sent
     and those in flight are cancelled (the client disconnects)."""
-    if len(prompts) != len(plan):
+    if not callable(prompts) and len(prompts) != len(plan):
         raise ValueError(f"prompts: expected {len(plan)} (one per request), got {len(prompts)}")
+    prompt_of = prompts if callable(prompts) else prompts.__getitem__
     sink = InMemorySink()
     recorder = RequestRecorder(Vantage.GATEWAY, sink)
     labels = Labels(model=model, route="bench")
@@ -80,7 +82,7 @@ async def run_plan(
         async def one(i: int) -> RequestRecord:
             body: dict[str, Any] = {
                 "model": model,
-                "prompt": prompts[i],
+                "prompt": prompt_of(i),
                 "max_tokens": int(plan.output_tokens[i]),
                 "ignore_eos": True,
                 "stream": True,

@@ -6,9 +6,11 @@
   ``--colocated``), always members;
 * the control plane's **fleet registry** (``GET /api/v1/fleet``, workers only), applied
   with :meth:`InstancePool.apply_fleet` by :class:`serving.gateway.control.ControlPlaneLink`.
-  A fleet member with the endpoint of a static instance updates it (its role and state
-  win); others join. Members are eligible only when ``ready`` and not ``stale``. When the
-  control plane cannot be reached the pool keeps what it last knew.
+  A fleet member with the endpoint of a static instance updates it (its role wins, and it
+  is skipped while the fleet says it is ``draining``, ``drained`` or ``down``); others join
+  and are eligible only when ``ready`` and not ``stale`` (a static instance the command line
+  named is trusted while it is ``starting`` or its agent is late: a failed call cools it
+  down anyway). When the control plane cannot be reached the pool keeps what it last knew.
 
 It counts the work in flight on each instance (prompt tokens being prefilled, streams being
 decoded), marks instances that failed as down for a cool-down, and keeps the prefix
@@ -28,6 +30,8 @@ from typing import Any
 from serving.gateway.routing import InstanceState, PoolRole
 
 __all__ = ["InstancePool", "StaticInstance"]
+
+_STOPPED = frozenset({"draining", "drained", "down"})
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +149,13 @@ class InstancePool:
             except (KeyError, ValueError):
                 logger.warning("ignoring fleet member with no usable endpoint/role: %r", member)
                 continue
-            healthy = member.get("state") == "ready" and not member.get("stale", False)
+            state = member.get("state")
             seen.add(url)
             live = self._live.get(url)
+            if live is not None and live.static_role is not None:
+                healthy = state not in _STOPPED
+            else:
+                healthy = state == "ready" and not member.get("stale", False)
             if live is None:
                 state = InstanceState(id=url, url=url, role=role, healthy=healthy)
                 self._live[url] = _Live(state, None, in_fleet=True)

@@ -47,6 +47,17 @@ def test_fleet_members_join_update_static_and_leave() -> None:
     assert by_id["http://b:1"].decode_streams == 2
 
 
+def test_static_instances_are_trusted_while_starting_but_not_when_stopped() -> None:
+    pool = InstancePool([StaticInstance("http://a:1", PoolRole.PREFILL)])
+    for state, stale, healthy in [
+        ("starting", False, True), ("ready", True, True), ("draining", False, False),
+        ("drained", False, False), ("down", False, False), ("ready", False, True),
+    ]:  # fmt: skip
+        pool.apply_fleet([member("http://a:1", role="prefill", state=state, stale=stale)])
+        state_now = pool.get("http://a:1")
+        assert state_now is not None and state_now.healthy is healthy, state
+
+
 def test_load_cool_down_and_recovery() -> None:
     pool = InstancePool([StaticInstance("http://a:1", PoolRole.BOTH)], cooldown_s=5.0)
     pool.add_load("http://a:1", prefill_tokens=300, decode_streams=1)
