@@ -367,8 +367,30 @@ def demo(
     ] = _DEFAULTS.window,
     slo_file: Annotated[Path, typer.Option(help="SLOs to apply")] = DEFAULT_SLO_FILE,
     fresh: Annotated[bool, typer.Option(help="start from an empty database")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="model: token times from the latency model (fast, no vLLM); vllm: the full "
+            "stack, real vLLM prefill + decode behind the PD gateway (goodput/demo_stack.py)"
+        ),
+    ] = "model",
+    rate_scale: Annotated[
+        float, typer.Option(min=0.001, help="--engine vllm: times the trace's request rate")
+    ] = 0.1,
 ) -> None:
     """Replay the Azure LLM trace into a local control plane and print live goodput."""
+    if engine not in ("model", "vllm"):
+        typer.echo(f"error: --engine must be 'model' or 'vllm', got {engine!r}", err=True)
+        raise typer.Exit(code=2)
+    if engine == "vllm":
+        from goodput.demo_stack import StackOptions, run_demo_stack
+
+        stack = StackOptions(
+            directory=directory, duration_s=duration, host=host, port=port, trace=trace,
+            rate_scale=rate_scale, interval_s=interval, window=window, slo_file=slo_file,
+            fresh=fresh,
+        )  # fmt: skip
+        raise typer.Exit(run_demo_stack(stack))
     options = DemoOptions(
         directory=directory,
         duration_s=duration,
