@@ -13,8 +13,8 @@ session:
 
 waits until all answer, prints where to watch live goodput, and replays a slice of the
 Azure conversation trace through the gateway with ``goodput bench`` (open loop, at
-``--rate-scale`` times the trace's rate: 0.1× ≈ 0.55 requests/s by default, what two
-CPU-bound tiny-model instances on this kind of machine keep up with). Every
+``--rate-scale`` times the trace's rate, from ten minutes into it: 0.1× ≈ 0.55 requests/s
+by default, what two CPU-bound tiny-model instances on this kind of machine keep up with). Every
 ``--interval`` seconds it prints one line from the goodput API. ``--duration`` bounds the
 replay; otherwise Ctrl-C (SIGINT) or SIGTERM stops it. Either way it stops what it
 started, in reverse order: the replay (in-flight requests cancelled), the gateway, the
@@ -57,7 +57,7 @@ class StackOptions:
     port: int = 8000
     trace: str = "azure_conv"
     rate_scale: float = 0.1
-    start_s: float = 0.0
+    start_s: float = 600.0  # ten minutes in: the trace's first minutes are sparse
     interval_s: float = 10.0
     window: str = "1m"
     slo_file: Path = DEFAULT_SLO_FILE
