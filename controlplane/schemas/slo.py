@@ -21,8 +21,8 @@ from controlplane.schemas.common import (
 __all__ = [
     "MAX_WINDOW_S",
     "MIN_WINDOW_S",
+    "E2ELObjective",
     "ITLObjective",
-    "LatencyObjective",
     "Objective",
     "SLOApplied",
     "SLOCreate",
@@ -33,6 +33,8 @@ __all__ = [
     "SLOVersionsPublic",
     "SLOsPublic",
     "Selector",
+    "TPOTObjective",
+    "TTFTObjective",
 ]
 
 MIN_WINDOW_S = 60  # one rollup minute
@@ -59,10 +61,28 @@ Ratio = Annotated[float, Interval(0, 1, low_open=True, high_open=True)]
 WindowS = Annotated[int, Interval(MIN_WINDOW_S, MAX_WINDOW_S), Field(description="seconds")]
 
 
-class LatencyObjective(WireModel):
-    """TTFT, TPOT or E2EL of each request must be ``<= threshold_s`` (one value per request)."""
+# One model per metric, so the published discriminator maps each tag to its own schema (a
+# tag-to-schema mapping that is one-to-one is what OpenAPI tools read reliably).
+class TTFTObjective(WireModel):
+    """Time to first token of each request must be ``<= threshold_s``."""
 
-    metric: Literal["ttft", "tpot", "e2el"]
+    metric: Literal["ttft"]
+    threshold_s: Threshold
+    statistic: Literal["max"] = "max"
+
+
+class TPOTObjective(WireModel):
+    """Time per output token after the first, per request, must be ``<= threshold_s``."""
+
+    metric: Literal["tpot"]
+    threshold_s: Threshold
+    statistic: Literal["max"] = "max"
+
+
+class E2ELObjective(WireModel):
+    """End-to-end latency of each request must be ``<= threshold_s``."""
+
+    metric: Literal["e2el"]
     threshold_s: Threshold
     statistic: Literal["max"] = "max"
 
@@ -75,7 +95,9 @@ class ITLObjective(WireModel):
     statistic: str = Field(default="max", pattern=ITL_STATISTIC_PATTERN)
 
 
-Objective = Annotated[LatencyObjective | ITLObjective, Field(discriminator="metric")]
+Objective = Annotated[
+    TTFTObjective | TPOTObjective | E2ELObjective | ITLObjective, Field(discriminator="metric")
+]
 
 
 # A request is good when it meets every objective, so two objectives on the same metric and
