@@ -10,11 +10,15 @@ TTFT and ITL gaps come from client-side records (the bench's ``stream_request``,
 exporters' metric core). The added latency is the gateway path's percentile minus the
 direct path's, per metric.
 
+``--upstream stub`` replaces vLLM with a stub OpenAI server (this file run with
+``--serve-stub PORT``: a 30 ms "prefill", then one token every 3 ms), which isolates what the
+gateway adds from the engine's own noise on a busy machine.
+
 Last line: ``{"ttft_added_ms_p50", "ttft_added_ms_p99", "itl_added_ms_p50",
 "itl_added_ms_p99", ...}`` (plus both paths' own percentiles and the sample sizes).
 Goal (issue 4): ≤ 2 ms TTFT and ≤ 0.3 ms ITL at p50.
 
-    python benchmarks/gateway_overhead.py [--quick]
+    python benchmarks/gateway_overhead.py [--quick] [--upstream vllm|stub]
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -106,6 +112,48 @@ async def measure(
     return out
 
 
+async def stub_app(
+    scope: dict[str, Any],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
+    """A minimal OpenAI completions server: 30 ms to the first token, then one every 3 ms."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            kind = message["type"].replace("lifespan.", "")
+            await send({"type": f"lifespan.{kind}.complete"})
+            if kind == "shutdown":
+                return
+    if scope["path"] == "/health":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    request = json.loads(body)
+    n = int(request.get("max_tokens") or 16)
+    continuous = (request.get("stream_options") or {}).get("continuous_usage_stats")
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await asyncio.sleep(0.03)
+    for i in range(n):
+        choice = {"index": 0, "text": " tok", "logprobs": None,
+                  "finish_reason": "length" if i == n - 1 else None}  # fmt: skip
+        chunk: dict[str, Any] = {"id": "cmpl-stub", "model": "tiny", "choices": [choice]}
+        if continuous:
+            chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": i + 1,
+                              "total_tokens": 11 + i}  # fmt: skip
+        data = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        await asyncio.sleep(0.003)
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
 def percentiles(records: list[RequestRecord]) -> dict[str, float]:
     batch = RecordBatch.from_records(records)
     ttft_ms = request_latencies(batch).ttft_s * 1e3
@@ -119,43 +167,72 @@ def percentiles(records: list[RequestRecord]) -> dict[str, float]:
     }
 
 
+def start_upstream(kind: str, tmp: Path) -> tuple[str, Callable[[], None]]:
+    """Start the upstream (vLLM with the tiny model, or the stub); its URL and its stop."""
+    port = free_port()
+    if kind == "stub":
+        stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(port)])
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", 30.0, stub)
+
+        def stop_stub() -> None:
+            stub.terminate()
+            stub.wait(10)
+
+        return url, stop_stub
+    from serving.model import build_tiny_model, default_model_dir
+    from serving.workers import VllmServer, VllmSpec
+
+    spec = VllmSpec(
+        model=build_tiny_model(default_model_dir()), port=port, cpu=0, served_model_name="tiny"
+    )
+    server = VllmServer(spec, run_dir=tmp / "vllm")
+    server.start()
+    try:
+        server.wait_ready(timeout_s=300)
+    except BaseException:
+        server.stop()
+        raise
+    return spec.url, server.stop
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (CI)")
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--prompt-words", type=int, default=150)
     parser.add_argument("--output-tokens", type=int, default=None)
+    parser.add_argument("--upstream", choices=("vllm", "stub"), default="vllm")
+    parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_stub:
+        import uvicorn
+
+        uvicorn.run(stub_app, host="127.0.0.1", port=args.serve_stub, log_level="warning")
+        return
     pairs = args.pairs or (20 if args.quick else 100)
     output_tokens = args.output_tokens or (32 if args.quick else 64)
 
-    from serving.model import build_tiny_model, default_model_dir
-    from serving.workers import VllmServer, VllmSpec
-
-    model_dir = build_tiny_model(default_model_dir())
     with tempfile.TemporaryDirectory(prefix="goodput-gw-bench-") as tmp:
-        spec = VllmSpec(model=model_dir, port=free_port(), cpu=0, served_model_name="tiny")
-        server = VllmServer(spec, run_dir=Path(tmp) / "vllm")
+        upstream_url, stop_upstream = start_upstream(args.upstream, Path(tmp))
         gateway_port = free_port()
         gateway: subprocess.Popen[bytes] | None = None
-        server.start()
         try:
-            server.wait_ready(timeout_s=300)
             gateway = subprocess.Popen(
                 [sys.executable, "-m", "goodput", "gateway", "--port", str(gateway_port),
-                 "--colocated", spec.url, "--log-level", "WARNING"],
+                 "--colocated", upstream_url, "--log-level", "WARNING"],
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
             )  # fmt: skip
             gateway_url = f"http://127.0.0.1:{gateway_port}"
             wait_http(gateway_url + "/health", 60.0, gateway)
             records = asyncio.run(
-                measure(spec.url, gateway_url, "tiny", pairs, args.prompt_words, output_tokens)
+                measure(upstream_url, gateway_url, "tiny", pairs, args.prompt_words, output_tokens)
             )
         finally:
             if gateway is not None:
                 gateway.terminate()
                 gateway.wait(10)
-            server.stop()
+            stop_upstream()
     direct, through = percentiles(records["direct"]), percentiles(records["gateway"])
     result = {
         "ttft_added_ms_p50": through["ttft_ms_p50"] - direct["ttft_ms_p50"],
@@ -166,6 +243,7 @@ def main() -> None:
         "gateway": through,
         "pairs": pairs,
         "output_tokens": output_tokens,
+        "upstream": args.upstream,
     }
     print(json.dumps(result))
 
