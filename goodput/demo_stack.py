@@ -175,11 +175,12 @@ def _run(
         "--viewer-key", keys.viewer, "--gateway-id", "demo-gateway", "--log-level", "WARNING",
     ])  # fmt: skip
     say(f"goodput demo: logs in {directory}/{{controlplane,prefill,decode,gateway}}.log")
-    wait = {"stop": stop, "say": say}
-    _wait_http(f"{cp_url}/ready", control_plane, "the control plane", timeout_s=60.0, **wait)
-    for role, (url, child) in workers.items():
-        _wait_http(f"{url}/health", child, f"the {role} worker", timeout_s=READY_TIMEOUT_S, **wait)
-    _wait_http(f"{gateway_url}/health", gateway, "the gateway", timeout_s=60.0, **wait)
+    waits = [(f"{cp_url}/ready", control_plane, "the control plane", 60.0)]
+    waits += [(f"{url}/health", child, f"the {role} worker", READY_TIMEOUT_S)
+              for role, (url, child) in workers.items()]  # fmt: skip
+    waits.append((f"{gateway_url}/health", gateway, "the gateway", 60.0))
+    for url, child, what, timeout_s in waits:
+        _wait_http(url, child, what, stop=stop, timeout_s=timeout_s, say=say)
     if stop.is_set():
         return 0
     watch = f"{cp_url}/api/v1/goodput?window={options.window}"

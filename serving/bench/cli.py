@@ -102,7 +102,7 @@ def run_bench(
     ``options.out`` as JSON when set); prints the summary to ``out`` (stdout). Setting
     ``stop`` ends the replay early (:func:`~serving.bench.runner.run_plan`); ``on_record``
     is called with each request's final client-side record."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     from serving.bench.prompts import PromptFactory, plan_requests
     from serving.bench.report import format_summary, parse_slo, per_request, summarize
@@ -157,6 +157,7 @@ def run_bench(
         bar.update(1)
         if on_record is not None:
             on_record(record)
+
     try:
         run = asyncio.run(
             run_plan(

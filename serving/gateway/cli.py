@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from pathlib import Path
@@ -92,7 +93,6 @@ def gateway(
     )
     # httpx logs every upstream call at INFO: a line per request on the serving path.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    extra = {"gateway_id": gateway_id} if gateway_id else {}
     try:
         config = GatewayConfig(
             prefill=tuple(prefill or ()),
@@ -110,8 +110,9 @@ def gateway(
             prefill_timeout_s=prefill_timeout,
             cooldown_s=cooldown,
             fleet_refresh_s=fleet_refresh,
-            **extra,
         )
+        if gateway_id:
+            config = dataclasses.replace(config, gateway_id=gateway_id)
     except (GatewayConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

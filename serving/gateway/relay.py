@@ -188,7 +188,7 @@ class _Job:
     ) -> RouteDecision:
         gw, req = self.gw, self.req
         pool = gw.pool
-        decision = gw.choose(
+        decision: RouteDecision = gw.choose(
             pool.states(),
             RouteRequest(
                 prompt_tokens=req.prompt_tokens,
