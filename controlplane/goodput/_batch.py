@@ -7,9 +7,8 @@ gaps' sketch and Prometheus buckets (one table lookup on the integer µs). Per S
 engine only masks rows and counts them. Row columns are reordered by finish second, so
 each SLO's rows come grouped by slot and sums per slot are one ``reduceat``; emissions
 are never reordered (per-gap arrays keep the batch's row order, reached by ``gap_start``).
-What a selection of rows adds to the sketches is computed once per distinct selection
-(:mod:`controlplane.goodput._sketch_adds`, cached on the view) and shared by the SLOs
-that select those rows.
+What the SLOs' selections add to their sketches is then counted for all of them at once
+(:mod:`controlplane.goodput._sketch_adds`), once per distinct selection.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -29,9 +27,6 @@ from exporters.latency import ItlGroups, RequestLatencies, itl_gaps_us, request_
 from exporters.records import LabelColumn, RecordBatch, Status
 from exporters.sketch import LatencySketch
 from exporters.slo import Objective, Verdicts
-
-if TYPE_CHECKING:
-    from controlplane.goodput._sketch_adds import SketchAdds
 
 __all__ = [
     "E2EL",
@@ -197,8 +192,6 @@ class BatchView:
     num_dropped_future: int
     _masks: dict[tuple[str, str], B] = field(default_factory=dict)
     _verdicts: dict[tuple[Objective, ...], Verdicts] = field(default_factory=dict)
-    #: :func:`controlplane.goodput._sketch_adds.sketch_adds` results, by selected rows.
-    sketch_adds_cache: dict[bytes, SketchAdds] = field(default_factory=dict)
 
     @classmethod
     def build(

@@ -33,7 +33,7 @@ from controlplane.goodput import _summarize as col
 from controlplane.goodput._batch import METRICS, BatchView
 from controlplane.goodput._blob import decode_sketch_blob, encode_sketch_blob
 from controlplane.goodput._rings import CounterRing, SketchRing
-from controlplane.goodput._sketch_adds import NUM_PROM, sketch_adds
+from controlplane.goodput._sketch_adds import NUM_PROM, SketchAdds
 from controlplane.goodput.spec import SLOSpec
 from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
 
@@ -137,13 +137,15 @@ class SLOState:
 
     # -- ingest -------------------------------------------------------------------------
 
-    def ingest(self, view: BatchView) -> None:
-        """Count the batch's rows that this SLO selects (one pass, vectorised)."""
+    def ingest(self, view: BatchView) -> I64:
+        """Count the batch's rows that this SLO selects (one pass, vectorised) and return
+        its accepted OK rows, whose latencies :meth:`add_sketches` then adds (the engine
+        counts those for all SLOs together)."""
         selected = view.selection(self.spec)
         self._track_in_flight(view, selected)
         rows = np.flatnonzero(selected & view.accepted)
         if rows.shape[0] == 0:
-            return
+            return rows
         verdicts = view.verdicts(self.spec.objectives)
         judged, good = view.judged[rows], verdicts.good[rows]
         aborted = view.aborted[rows]
@@ -163,9 +165,8 @@ class SLOState:
         self._add_counters(seconds, sums, view.now_s)
         self.dirty_minutes.update(np.unique(seconds // 60).tolist())
         self._add_totals(sums.sum(axis=0))
-        ok_rows = rows[view.ok[rows]]
-        if ok_rows.shape[0]:
-            self._add_sketches(view, ok_rows)
+        ok_rows: I64 = rows[view.ok[rows]]
+        return ok_rows
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
@@ -196,9 +197,8 @@ class SLOState:
         for k, key in enumerate(self.keys):
             self.violation_totals[key] += int(total[col.BASE_COLUMNS + k])
 
-    def _add_sketches(self, view: BatchView, ok_rows: I64) -> None:
-        adds = sketch_adds(view, ok_rows)
-        now_s = view.now_s
+    def add_sketches(self, adds: SketchAdds, now_s: int) -> None:
+        """Add what this SLO's OK rows of a batch add to its sketch rings and histograms."""
         for slot10, metric, lo, counts in adds.spans:
             second = slot10 * 10
             for tier in self.sketches:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from controlplane.goodput._batch import BatchView
 from controlplane.goodput._recent import RecentStore
+from controlplane.goodput._sketch_adds import sketch_adds
 from controlplane.goodput._slo_state import SLOState
 from controlplane.goodput._summarize import build_stats
 from controlplane.goodput.spec import SLOSpec, SpecError
@@ -133,8 +134,12 @@ class GoodputEngine:
                     p for p in (o.percentile for o in state.spec.objectives) if p is not None
                 )
             view = BatchView.build(batch, now, validate=validate, itl_percentiles=needed)
-            for state in self._states.values():
-                state.ingest(view)
+            states = list(self._states.values())
+            ok_rows = [state.ingest(view) for state in states]
+            # The latency sketches of every SLO in one pass (equal selections shared).
+            for state, adds in zip(states, sketch_adds(view, ok_rows), strict=True):
+                if adds is not None:
+                    state.add_sketches(adds, view.now_s)
             self._recent.expire(now)
             self._recent.append(view)
             num_final = int(view.final.sum())
