@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.goodput import GoodputEngine, SLOSpec, rollup_sketches
+from controlplane.goodput import GoodputEngine, SLOSpec, _sketch_adds, rollup_sketches
 from controlplane.goodput._batch import METRICS, PROM_OF_CODE, gap_codes
 from exporters import buckets
 from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
@@ -132,3 +132,35 @@ def test_a_gap_code_holds_its_sketch_and_prometheus_buckets(values) -> None:
     seconds = gaps_us / 1e6
     np.testing.assert_array_equal(codes // 2, LatencySketch.bucket_index(seconds))
     np.testing.assert_array_equal(PROM_OF_CODE[codes], buckets.bucket_index(seconds))
+
+
+def test_counting_in_chunks_of_groups_changes_nothing(monkeypatch) -> None:
+    """A backlog (records finishing over an hour) is counted in chunks of 10-s slots when
+    the dense layout would be large; forcing tiny chunks gives the same state."""
+    rng = np.random.default_rng(11)
+    recs = [
+        make_record(
+            f"r{i}",
+            int((NOW - rng.uniform(0, 3600)) * US),
+            ttft_us=int(rng.integers(1_000, 900_000)),
+            gaps_us=rng.integers(0, 200_000, size=int(rng.integers(0, 40))).tolist(),
+            labels=Labels(model="m", tenant=str(rng.choice(["a", "b"]))),
+        )
+        for i in range(400)
+    ]
+
+    def state(budget: int) -> tuple[list, list, dict]:
+        monkeypatch.setattr(_sketch_adds, "_DENSE_BUDGET", budget)
+        engine = GoodputEngine(clock=FakeClock(NOW))
+        engine.set_slos(specs())
+        ingest_all(engine, recs, [150, 151, 390])
+        sketches = {spec.id: sketch_totals(engine, spec.id) for spec in specs()}
+        return engine.totals(), [engine.query(s.id, "1h") for s in specs()], sketches
+
+    whole, small = state(1 << 20), state(1)
+    assert whole[0] == small[0]
+    assert whole[1] == small[1]
+    for slo_id, metrics in whole[2].items():
+        for name, counts in metrics.items():
+            np.testing.assert_array_equal(counts, small[2][slo_id][name])
+    assert sum(t.good + t.bad for t in whole[0]) > 0
