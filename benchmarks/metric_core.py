@@ -6,10 +6,13 @@ decode: lognormal TTFT, a per-request decode pace with jitter, rare stalls, some
 streamed in multi-token chunks, a few SUMMARY-detail records and every status. Times
 ``judge()`` for a TTFT + TPOT + ITL(p99) + ITL(max) + E2EL objective set (latencies
 included, batch validated) against ``exporters._reference.reference_judge`` on a subset of the
-same rows (scaled per request), checks both agree, and measures the sketch on the ITL gaps.
+same rows (scaled per request), checks both agree, and measures the sketch on the ITL gaps:
+bucket indices from float seconds (``bucket_index``) and, as the engine takes them, from
+integer microseconds by table lookup (``bucket_index_us``), checked equal.
 
 Run from the repo root: ``python benchmarks/metric_core.py [--quick]``. The last line of
-output is one JSON object; ``reference_ratio`` = vectorised speed / reference speed.
+output is one JSON object; ``reference_ratio`` = vectorised speed / reference speed;
+``sketch_us_over_float`` = integer-µs bucket indexing speed / float-seconds speed.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from exporters._reference import reference_judge, reference_quantile_lower  # noqa: E402
-from exporters.latency import itl_gaps_s  # noqa: E402
+from exporters.latency import itl_gaps_s, itl_gaps_us  # noqa: E402
 from exporters.records import (  # noqa: E402
     LABEL_KEYS,
     NUM_PHASES,
@@ -166,6 +169,12 @@ def main() -> None:
 
     gaps_s, _ = itl_gaps_s(batch)
     sketch_s = best_of(repeats, lambda: LatencySketch.bucket_counts(gaps_s))
+    gaps_us, _ = itl_gaps_us(batch, validate=False)
+    index_s = best_of(repeats, lambda: LatencySketch.bucket_index(gaps_s))
+    index_us_s = best_of(repeats, lambda: LatencySketch.bucket_index_us(gaps_us))
+    same_index = bool(
+        np.array_equal(LatencySketch.bucket_index_us(gaps_us), LatencySketch.bucket_index(gaps_s))
+    )
     sketch = LatencySketch()
     sketch.add(gaps_s)
     sample = gaps_s[rng.choice(gaps_s.shape[0], size=min(200_000, gaps_s.shape[0]), replace=False)]
@@ -192,12 +201,17 @@ def main() -> None:
         "agrees_with_reference": agree,
         "good_ratio": round(verdicts.num_good / max(1, verdicts.num_judged), 4),
         "sketch_values_per_s": round(gaps_s.shape[0] / sketch_s),
+        "sketch_us_values_per_s": round(gaps_us.shape[0] / index_us_s),
+        "sketch_us_over_float": round(index_s / index_us_s, 1),
+        "sketch_us_agrees": same_index,
         "sketch_max_rel_error": round(max(rel_errors), 5),
         "sketch_bytes": len(sketch.to_bytes()),
     }
     print(json.dumps(result))
     if not agree:
         sys.exit("vectorised verdicts disagree with the reference")
+    if not same_index:
+        sys.exit("integer-µs sketch buckets disagree with the float path")
 
 
 if __name__ == "__main__":
