@@ -21,7 +21,7 @@ ingest with the same SLOs, one thread, no HTTP).
 Run from the repo root: ``python benchmarks/ingest_http.py [--quick]``. The last line is one
 JSON object: ``tokens_per_s`` / ``requests_per_s`` (wire path, applied as the server
 reported), ``otlp_tokens_per_s`` and ``otlp_ratio`` = wire tokens/s ÷ OTLP tokens/s, and
-``inprocess_tokens_per_s`` (the baseline).
+``inprocess_tokens_per_s`` / ``inprocess_requests_per_s`` (the baseline).
 """
 
 from __future__ import annotations
@@ -323,7 +323,10 @@ def start_server(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
 # -- the in-process baseline --------------------------------------------------------------
 
 
-def inprocess_tokens_per_s(batches: list[tuple[bytes, int, int, int]], duration_s: float) -> float:
+def inprocess_rates(
+    batches: list[tuple[bytes, int, int, int]], duration_s: float
+) -> tuple[float, float]:
+    """(token timestamps/s, requests/s) of decode + engine ingest in this process."""
     import uuid
 
     from controlplane.goodput import GoodputEngine
@@ -348,17 +351,19 @@ def inprocess_tokens_per_s(batches: list[tuple[bytes, int, int, int]], duration_
         )
         specs.append(to_spec(row))
     engine.set_slos(specs)
-    tokens, n = 0, 0
+    tokens, records, n = 0, 0, 0
     started = time.perf_counter()
     while time.perf_counter() - started < duration_s:
-        body, pos, _, count = batches[n % len(batches)]
+        body, pos, num_records, count = batches[n % len(batches)]
         patched = body[:pos] + (SEQ_BASE + n).to_bytes(8, "big") + body[pos + 8 :]
         data = msgpack.packb({"v": 1, "crc32": zlib.crc32(patched), "body": patched})
         _, batch = decode_batch(data)
         engine.ingest(batch, validate=False)
         tokens += count
+        records += num_records
         n += 1
-    return tokens / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    return tokens / elapsed, records / elapsed
 
 
 def main() -> None:
@@ -390,7 +395,7 @@ def main() -> None:
         (folder / "otlp.json").write_text(json.dumps([[s, t] for _, s, t in exports]))
         for k, (body, *_rest) in enumerate(exports):
             (folder / f"otlp-{k}.bin").write_bytes(body)
-        baseline = inprocess_tokens_per_s(batches, duration_s)
+        baseline_tokens, baseline_requests = inprocess_rates(batches, duration_s)
 
         env = {
             **os.environ,
@@ -436,7 +441,8 @@ def main() -> None:
                 "requests_per_s": round(wire["records"] / wire["elapsed_s"]),
                 "otlp_ratio": round(tokens_per_s / max(otlp_tokens_per_s, 1e-9), 1),
                 "otlp_tokens_per_s": round(otlp_tokens_per_s),
-                "inprocess_tokens_per_s": round(baseline),
+                "inprocess_tokens_per_s": round(baseline_tokens),
+                "inprocess_requests_per_s": round(baseline_requests),
                 "quick": args.quick,
             }
         )
