@@ -8,9 +8,8 @@ from __future__ import annotations
 import base64
 import json
 
-# No protobuf stubs in the dev dependencies (types-protobuf); the two names used are simple.
-from google.protobuf import json_format  # type: ignore[import-untyped]
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
