@@ -84,10 +84,9 @@ _EXPORT_RESPONSE: dict[str, Any] = {
 _ERROR = {"$ref": "#/components/schemas/ErrorPublic"}
 
 
-def _documented(description: str, json_schema: dict[str, Any], binary: bool = True) -> Any:
-    content: dict[str, Any] = {CONTENT_TYPE_JSON: {"schema": json_schema}}
-    if binary:
-        content[CONTENT_TYPE_PROTOBUF] = _BINARY
+def _documented(description: str, json_schema: dict[str, Any]) -> dict[str, Any]:
+    """A response in either OTLP encoding: the schema of its JSON form, or protobuf."""
+    content = {CONTENT_TYPE_JSON: {"schema": json_schema}, CONTENT_TYPE_PROTOBUF: _BINARY}
     return {"description": description, "content": content}
 
 
