@@ -310,14 +310,21 @@ class _Job:
 
     async def _relay(self, response: httpx.Response, target: InstanceState, pool: str) -> None:
         gw, trace, acct = self.gw, self.trace, self.acct
+        if response.status_code != 200 or not self.req.stream:
+            try:
+                await response.aread()
+            except httpx.HTTPError as exc:
+                gw.pool.mark_down(target.id, gw.clock_s())
+                gw.metrics.upstream[(pool, "error")].inc()
+                self.reason = f"{pool} answer from {target.id} broke: {_describe(exc)}"
+                await self._reply_error(502, self.reason, "upstream_error")
+                return
         if response.status_code != 200:
             gw.metrics.upstream[(pool, "error")].inc()
-            await response.aread()
             self.reason = f"{pool} on {target.id}: HTTP {response.status_code}"
             await self._relay_body(response)
             return
         if not self.req.stream:
-            await response.aread()
             gw.metrics.upstream[(pool, "ok")].inc()
             payload = _json(response)
             usage = payload.get("usage") or {}

@@ -375,3 +375,26 @@ async def test_the_records_sink_is_woken_after_new_records() -> None:
         await client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1})
         await asyncio.sleep(0.05)
         assert sink.flushes == [0.0]  # one wake, without waiting for the send
+
+
+async def test_a_non_streaming_answer_that_breaks_is_a_502(pd: Harness) -> None:
+    async def broken(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("max_tokens") == 1:  # the prefill answers
+            return await pd.upstreams.handle(request)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b'{"id": '
+            raise httpx.ReadError("connection reset")
+
+        return httpx.Response(200, content=body())
+
+    pd.gateway._transport = httpx.MockTransport(broken)
+    pd.gateway._clients.clear()
+    response = await pd.client.post(
+        "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3}
+    )
+    assert response.status_code == 502
+    assert response.json()["error"]["message"].startswith(
+        "decode answer from http://d1:8000 broke: ReadError"
+    )
+    assert pd.record().status == Status.ERROR
