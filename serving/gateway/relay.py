@@ -31,15 +31,21 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from exporters.recorder import RequestTrace
-from exporters.records import Labels, Phase, Status
+from exporters.records import Phase, Status
+from serving.gateway._request import (
+    ParsedRequest,
+    describe,
+    max_tokens_of,
+    prefill_body,
+    response_json,
+)
 from serving.gateway.admission import RequestInfo
 from serving.gateway.routing import InstanceState, NoInstanceError, RouteDecision, RouteRequest
 from serving.gateway.sse import DONE_EVENT, EventSplitter, StreamAccounting, error_event
@@ -47,7 +53,7 @@ from serving.gateway.sse import DONE_EVENT, EventSplitter, StreamAccounting, err
 if TYPE_CHECKING:
     from serving.gateway.service import Gateway
 
-__all__ = ["ParsedRequest", "RelayResponse"]
+__all__ = ["RelayResponse"]
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -58,23 +64,6 @@ _SSE_HEADERS = [
 
 class _UpstreamFailedError(Exception):
     """An upstream could not serve the call (unreachable, timeout, 5xx): try another."""
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    """A client request the gateway accepted for relaying."""
-
-    request_id: str
-    path: str  # "/v1/completions" or "/v1/chat/completions"
-    body: dict[str, Any]
-    labels: Labels
-    prompt_tokens: int  # an estimate for text
-    affinity_key: str | None
-    arrival_ns: int  # perf_counter_ns when the request reached the gateway
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.body.get("stream"))
 
 
 class RelayResponse(Response):
@@ -156,7 +145,7 @@ class _Job:
                 slo=req.labels.slo,
                 priority=req.labels.priority,
                 prompt_tokens=req.prompt_tokens,
-                max_tokens=_max_tokens(req.body),
+                max_tokens=max_tokens_of(req.body),
                 stream=req.stream,
                 arrival_s=req.arrival_ns / 1e9,
             )
@@ -209,7 +198,7 @@ class _Job:
         """Run the prefill (retried once elsewhere); the route to decode with, or one with
         ``prefill=None`` when the client was answered with an error."""
         gw, req = self.gw, self.req
-        body = _prefill_body(req.body)
+        body = prefill_body(req.body)
         headers = {"x-request-id": f"{req.request_id}-prefill"}
         self.trace.mark(Phase.PREFILL_START)
         tried: set[str] = set()
@@ -243,7 +232,7 @@ class _Job:
                 self.reason = f"prefill on {target.id}: HTTP {response.status_code}"
                 await self._relay_body(response)
                 return RouteDecision(None, route.decode)
-            usage = _json(response).get("usage") or {}
+            usage = response_json(response).get("usage") or {}
             self.acct.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             now = time.perf_counter_ns()
             self.trace.mark(Phase.PREFILL_END, now)
@@ -316,7 +305,7 @@ class _Job:
             except httpx.HTTPError as exc:
                 gw.pool.mark_down(target.id, gw.clock_s())
                 gw.metrics.upstream[(pool, "error")].inc()
-                self.reason = f"{pool} answer from {target.id} broke: {_describe(exc)}"
+                self.reason = f"{pool} answer from {target.id} broke: {describe(exc)}"
                 await self._reply_error(502, self.reason, "upstream_error")
                 return
         if response.status_code != 200:
@@ -326,7 +315,7 @@ class _Job:
             return
         if not self.req.stream:
             gw.metrics.upstream[(pool, "ok")].inc()
-            payload = _json(response)
+            payload = response_json(response)
             usage = payload.get("usage") or {}
             self._kv_landed()
             trace.tokens(int(usage.get("completion_tokens") or 0))
@@ -354,7 +343,7 @@ class _Job:
         except httpx.HTTPError as exc:
             outcome = "error"
             gw.pool.mark_down(target.id, gw.clock_s())
-            self.reason = f"{pool} stream from {target.id} broke: {_describe(exc)}"
+            self.reason = f"{pool} stream from {target.id} broke: {describe(exc)}"
             await self._body(error_event(self.reason) + DONE_EVENT, more=False)
             return
         except asyncio.CancelledError:
@@ -390,7 +379,7 @@ class _Job:
         except httpx.HTTPError as exc:
             gw.pool.mark_down(target.id, gw.clock_s())
             gw.metrics.upstream[(pool, "error")].inc()
-            raise _UpstreamFailedError(_describe(exc)) from None
+            raise _UpstreamFailedError(describe(exc)) from None
         if response.status_code >= 500:
             await response.aread()
             await response.aclose()
@@ -428,30 +417,3 @@ class _Job:
         body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
         await self._start(status, [(b"content-type", b"application/json"), *(headers or [])])
         await self._body(body, more=False)
-
-
-def _prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out["stream"] = False
-    return out
-
-
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
-    return value if isinstance(value, int) else None
-
-
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        payload = response.json()
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -38,8 +38,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-_Work = Callable[["InstanceState"], int]
-
 __all__ = [
     "AFFINITY_BLOCK_TOKENS",
     "AFFINITY_PREFIX_CHARS",
@@ -56,6 +54,8 @@ __all__ = [
 AFFINITY_BLOCK_TOKENS = 128
 #: Prompt text hashed for affinity when the prompt is text (≈ one 128-token block).
 AFFINITY_PREFIX_CHARS = 512
+
+_Work = Callable[["InstanceState"], int]  # the work an instance has, in tokens
 
 
 class PoolRole(StrEnum):

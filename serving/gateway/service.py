@@ -40,11 +40,12 @@ from exporters.prometheus import PrometheusExporter
 from exporters.recorder import RequestRecorder
 from exporters.records import Labels, Vantage
 from exporters.sinks import FanoutSink, RecordSink
+from serving.gateway._request import ParsedRequest
 from serving.gateway.admission import AdmissionHook, AllowAll
 from serving.gateway.config import GatewayConfig
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.pool import InstancePool
-from serving.gateway.relay import ParsedRequest, RelayResponse
+from serving.gateway.relay import RelayResponse
 from serving.gateway.routing import NoInstanceError, RouteRequest, affinity_key, choose
 
 __all__ = ["Gateway", "create_app"]
