@@ -39,6 +39,7 @@ from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
 from controlplane.api.routes import (
     audit,
+    commands,
     fleet,
     goodput,
     health,
@@ -116,6 +117,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     api.include_router(keys.router)
     api.include_router(audit.router)
     api.include_router(fleet.router)
+    api.include_router(commands.router)
     api.include_router(ingest.router)
     api.include_router(goodput.router)
     app.include_router(api)
