@@ -55,38 +55,51 @@ def wait_serving(url: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+def decode_streams(gateway: GatewayProcess, url: str) -> int:
+    """The streams the gateway is relaying from the instance at ``url`` right now."""
+    for instance in httpx.get(f"{gateway.url}/health", timeout=5).json()["instances"]:
+        if instance["id"] == url:
+            return int(instance["decode_streams"])
+    return 0
+
+
 def test_decode_killed_mid_stream_ends_cleanly_and_is_counted_failed(
     gateway: GatewayProcess, pd_pair: PDPair, control_plane: ControlPlane
 ) -> None:
-    body = {"model": "tiny", "prompt": token_prompt(200, seed=4001), "max_tokens": 1500,
+    # As long as the context allows (200 + 1800 < 2048): seconds of decoding to kill into.
+    body = {"model": "tiny", "prompt": token_prompt(200, seed=4001), "max_tokens": 1800,
             "ignore_eos": True, "stream": True}  # fmt: skip
     events: list[str] = []
     killed = False
-    with httpx.stream(
-        "POST", f"{gateway.url}/v1/completions", json=body,
-        headers={"x-request-id": "fault-decode"}, timeout=120,
-    ) as response:  # fmt: skip
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line:
-                events.append(line)
-            if not killed and len(events) >= 5:
-                pd_pair.decode.kill_engine()
-                killed = True
-    assert killed, f"the stream ended before the kill: {events}"
-    assert events[-1] == "data: [DONE]"
-    error = json.loads(events[-2][len("data: ") :])["error"]
-    assert error["code"] == 502 and error["type"] == "upstream_error"
-    assert error["message"].startswith(f"decode stream from {pd_pair.decode.url} broke")
-    # The gateway lives on, and the control plane counts the request as failed.
-    assert httpx.get(f"{gateway.url}/health", timeout=5).json()["status"] == "ok"
-    (record,) = control_plane.wait_for_records(
-        lambda found: len(found) == 1, vantage=Vantage.GATEWAY, request_id="fault-decode"
-    )
-    assert record.status == Status.ERROR
-    assert 5 <= record.output_tokens < 1500
-    # The worker restarts its engine; the gateway serves through it again.
-    pd_pair.decode.wait_ready(READY_TIMEOUT_S)
+    try:
+        with httpx.stream(
+            "POST", f"{gateway.url}/v1/completions", json=body,
+            headers={"x-request-id": "fault-decode"}, timeout=120,
+        ) as response:  # fmt: skip
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line:
+                    events.append(line)
+                # Kill only while the gateway is still relaying from the decode instance
+                # (a client that reads late could otherwise find the stream already done).
+                if not killed and decode_streams(gateway, pd_pair.decode.url) > 0:
+                    pd_pair.decode.kill_engine()
+                    killed = True
+        assert killed, f"the stream ended before the kill: {events[-3:]}"
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][len("data: ") :])["error"]
+        assert error["code"] == 502 and error["type"] == "upstream_error"
+        assert error["message"].startswith(f"decode stream from {pd_pair.decode.url} broke")
+        # The gateway lives on, and the control plane counts the request as failed.
+        assert httpx.get(f"{gateway.url}/health", timeout=5).json()["status"] == "ok"
+        (record,) = control_plane.wait_for_records(
+            lambda found: len(found) == 1, vantage=Vantage.GATEWAY, request_id="fault-decode"
+        )
+        assert record.status == Status.ERROR
+        assert 1 <= record.output_tokens < 1800
+    finally:
+        # The worker restarts its engine (whatever happened above: later tests need it).
+        pd_pair.decode.wait_ready(READY_TIMEOUT_S)
     wait_serving(gateway.url, 60)
 
 
