@@ -6,8 +6,8 @@ Routes (``controlplane/api/routes/fleet.py``; the key needs role ``agent``):
   load}``; sent at start, after the control plane forgot us (a heartbeat's 404), and when
   the role changes (the heartbeat carries no role);
 * ``POST /api/v1/fleet/{id}/heartbeat`` — ``{state, load}`` every ``heartbeat_interval_s``;
-* commands, **not offered by the control plane yet** — the client side of the
-  ``exporters.commands`` contract, against these routes: ``GET /api/v1/fleet/{id}/commands``
+* commands — the client side of the ``exporters.commands`` contract, against the control
+  plane's routes: ``GET /api/v1/fleet/{id}/commands``
   answering ``{"data": [Command JSON, ...], "count": n}`` (pending commands for ``id``), and
   ``POST /api/v1/fleet/{id}/commands/{command_id}/ack`` with ``CommandAck.to_json()``.
   A 404/405 on the poll means the routes are absent: the agent says so once and asks again

@@ -77,7 +77,7 @@ def test_registration_and_heartbeats_reach_the_fleet_registry(plane: ControlPlan
     assert not beaten["stale"]
     stats = agent.stats()
     assert (stats.num_registrations, stats.num_heartbeats, stats.num_failures) == (1, 1, 0)
-    assert stats.commands_supported is False  # no command route on the control plane yet
+    assert stats.commands_supported is True  # the control plane offers the command routes
 
 
 def test_a_control_plane_outage_is_survived(plane: ControlPlane, tmp_path: Path) -> None:
