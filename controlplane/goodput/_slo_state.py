@@ -23,6 +23,7 @@ percentile never rests on a nearly empty current slot.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
 
@@ -37,7 +38,7 @@ from controlplane.goodput._sketch_adds import NUM_PROM, SketchAdds
 from controlplane.goodput.spec import SLOSpec
 from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
 
-__all__ = ["SLOState"]
+__all__ = ["BatchCounts", "SLOState"]
 
 B = npt.NDArray[np.bool_]
 I64 = npt.NDArray[np.int64]
@@ -87,8 +88,23 @@ def _sketch_tier(resolution_s: int, kept: int, ahead: int) -> _Tier[SketchRing]:
     return _Tier(SketchRing(resolution_s, kept + ahead, len(METRICS)), kept, ahead)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchCounts:
+    """What one batch adds to one SLO's counters: ``selected`` rows (final or not, for the
+    in-flight gauge), per finish second ``seconds[j]`` the counter row ``sums[j]``, and the
+    accepted OK rows whose latencies go to the sketches."""
+
+    selected: B
+    seconds: I64
+    sums: I64
+    ok_rows: I64
+
+
 class SLOState:
-    """Everything the engine keeps for one SLO (see the module docstring for the tiers)."""
+    """Everything the engine keeps for one SLO (see the module docstring for the tiers).
+
+    Ingesting is two steps, so that the engine computes everything before it changes
+    anything: :meth:`count` (pure) and :meth:`apply`."""
 
     def __init__(self, spec: SLOSpec) -> None:
         self.spec = spec
@@ -137,15 +153,14 @@ class SLOState:
 
     # -- ingest -------------------------------------------------------------------------
 
-    def ingest(self, view: BatchView) -> I64:
-        """Count the batch's rows that this SLO selects (one pass, vectorised) and return
-        its accepted OK rows, whose latencies :meth:`add_sketches` then adds (the engine
-        counts those for all SLOs together)."""
+    def count(self, view: BatchView) -> BatchCounts:
+        """What the batch's rows that this SLO selects add to its counters (vectorised;
+        changes nothing: :meth:`apply` does)."""
         selected = view.selection(self.spec)
-        self._track_in_flight(view, selected)
         rows = np.flatnonzero(selected & view.accepted)
         if rows.shape[0] == 0:
-            return rows
+            empty = np.zeros(0, dtype=np.int64)
+            return BatchCounts(selected, empty, np.zeros((0, 0), dtype=np.int64), empty)
         verdicts = view.verdicts(self.spec.objectives)
         judged, good = view.judged[rows], verdicts.good[rows]
         aborted = view.aborted[rows]
@@ -161,12 +176,22 @@ class SLOState:
         contrib[:, col.BASE_COLUMNS :] = judged[:, None] & ~verdicts.met[rows]
         sec = view.sec[rows]
         firsts = np.flatnonzero(np.concatenate(([True], sec[1:] != sec[:-1])))
-        seconds, sums = sec[firsts], np.add.reduceat(contrib, firsts, axis=0)
-        self._add_counters(seconds, sums, view.now_s)
-        self.dirty_minutes.update(np.unique(seconds // 60).tolist())
-        self._add_totals(sums.sum(axis=0))
-        ok_rows: I64 = rows[view.ok[rows]]
-        return ok_rows
+        return BatchCounts(
+            selected=selected,
+            seconds=sec[firsts],
+            sums=np.add.reduceat(contrib, firsts, axis=0),
+            ok_rows=rows[view.ok[rows]],
+        )
+
+    def apply(self, view: BatchView, counts: BatchCounts, adds: SketchAdds | None) -> None:
+        """Add a batch's :meth:`count` and its sketch increments (``None``: no OK rows)."""
+        self._track_in_flight(view, counts.selected)
+        if counts.seconds.shape[0]:
+            self._add_counters(counts.seconds, counts.sums, view.now_s)
+            self.dirty_minutes.update(np.unique(counts.seconds // 60).tolist())
+            self._add_totals(counts.sums.sum(axis=0))
+        if adds is not None:
+            self._add_sketches(adds, view.now_s)
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
@@ -197,8 +222,7 @@ class SLOState:
         for k, key in enumerate(self.keys):
             self.violation_totals[key] += int(total[col.BASE_COLUMNS + k])
 
-    def add_sketches(self, adds: SketchAdds, now_s: int) -> None:
-        """Add what this SLO's OK rows of a batch add to its sketch rings and histograms."""
+    def _add_sketches(self, adds: SketchAdds, now_s: int) -> None:
         for slot10, metric, lo, counts in adds.spans:
             second = slot10 * 10
             for tier in self.sketches:

@@ -134,12 +134,13 @@ class GoodputEngine:
                     p for p in (o.percentile for o in state.spec.objectives) if p is not None
                 )
             view = BatchView.build(batch, now, validate=validate, itl_percentiles=needed)
+            # Everything is computed before anything changes: a batch on which the engine
+            # fails is not half applied. The sketches of every SLO are one pass.
             states = list(self._states.values())
-            ok_rows = [state.ingest(view) for state in states]
-            # The latency sketches of every SLO in one pass (equal selections shared).
-            for state, adds in zip(states, sketch_adds(view, ok_rows), strict=True):
-                if adds is not None:
-                    state.add_sketches(adds, view.now_s)
+            counts = [state.count(view) for state in states]
+            adds = sketch_adds(view, [c.ok_rows for c in counts])
+            for state, batch_counts, batch_adds in zip(states, counts, adds, strict=True):
+                state.apply(view, batch_counts, batch_adds)
             self._recent.expire(now)
             self._recent.append(view)
             num_final = int(view.final.sum())

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.goodput import GoodputEngine, SpecError, UnknownSLOError
+from controlplane.goodput import engine as engine_module
 from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
 from exporters.slo import Metric, Objective
 from tests.unit.controlplane.goodput.fixtures import (
@@ -334,6 +335,23 @@ def test_an_invalid_batch_is_rejected_with_the_metric_core_error() -> None:
     with pytest.raises(ValueError, match="non-monotonic token times in request 'bad'"):
         engine.ingest(RecordBatch.from_records([rec]))
     assert engine.health().records == 0
+
+
+def test_a_batch_the_engine_fails_on_is_not_half_applied(monkeypatch) -> None:
+    engine, clock = engine_with(make_spec(slo_id="a"), make_spec(slo_id="b"))
+    good = RecordBatch.from_records([make_record("r1", (T0 + 1) * US)])
+    engine.ingest(good)
+    before = engine.totals()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("sketches failed")
+
+    monkeypatch.setattr(engine_module, "sketch_adds", broken)
+    with pytest.raises(RuntimeError, match="sketches failed"):
+        engine.ingest(RecordBatch.from_records([make_record("r2", (T0 + 2) * US)]))
+    assert engine.totals() == before  # counters of neither SLO moved
+    clock.now = T0 + 3
+    assert engine.query("a", "1m").requests == engine.query("b", "1m").requests == 1
 
 
 def test_summary_of_many_slos_is_cheap_and_complete() -> None:
