@@ -24,7 +24,7 @@ from controlplane.goodput._judge import judge_values, status_batch
 from controlplane.goodput.spec import SLOSpec
 from exporters import buckets
 from exporters.latency import ItlGroups, RequestLatencies, itl_gaps_us, request_latencies
-from exporters.records import LabelColumn, RecordBatch, Status
+from exporters.records import LabelColumn, RecordBatch, RecordError, Status
 from exporters.sketch import LatencySketch
 from exporters.slo import Objective, Verdicts
 
@@ -130,7 +130,12 @@ def gap_codes(gaps_us: I64) -> I64:
         table = _gap_codes_of(np.arange(_CODE_TABLE_SIZE, dtype=np.int64)).astype(np.int16)
         table.setflags(write=False)
         _code_table_cache.append(table)
-    if gaps_us.shape[0] == 0 or int(gaps_us.max()) < _CODE_TABLE_SIZE:
+    if gaps_us.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    low = int(gaps_us.min())
+    if low < 0:  # an unvalidated batch: never index the table with it
+        raise RecordError(f"emission_offsets_us: negative ITL gap {low} µs; validate the batch")
+    if int(gaps_us.max()) < _CODE_TABLE_SIZE:
         codes: I64 = _code_table_cache[0].take(gaps_us).astype(np.int64)
         return codes
     return _gap_codes_of(gaps_us)

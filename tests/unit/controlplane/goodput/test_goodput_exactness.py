@@ -6,13 +6,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.goodput import GoodputEngine, SLOSpec, _sketch_adds, rollup_sketches
 from controlplane.goodput._batch import METRICS, PROM_OF_CODE, gap_codes
 from exporters import buckets
-from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
+from exporters.records import (
+    Labels,
+    RecordBatch,
+    RecordError,
+    RequestRecord,
+    Status,
+    TokenDetail,
+    Vantage,
+)
 from exporters.sketch import LatencySketch
 from exporters.slo import Metric, Objective
 from tests.unit.controlplane.goodput.fixtures import T0, FakeClock, make_record, make_spec, offline
@@ -164,3 +173,14 @@ def test_counting_in_chunks_of_groups_changes_nothing(monkeypatch) -> None:
         for name, counts in metrics.items():
             np.testing.assert_array_equal(counts, small[2][slo_id][name])
     assert sum(t.good + t.bad for t in whole[0]) > 0
+
+
+def test_an_unvalidated_negative_gap_is_refused_not_looked_up() -> None:
+    engine = GoodputEngine(clock=FakeClock(NOW), itl_percentiles=())
+    engine.set_slos([make_spec()])
+    rec = make_record("bad", (T0 + 1000) * US, gaps_us=[5_000, 5_000])
+    rec.emission_offsets_us = rec.emission_offsets_us[[0, 2, 1]].copy()
+    with pytest.raises(RecordError) as err:
+        engine.ingest(RecordBatch.from_records([rec]), validate=False)
+    assert str(err.value) == "emission_offsets_us: negative ITL gap -5000 µs; validate the batch"
+    assert engine.health().records == 0
