@@ -19,8 +19,11 @@ $(VENV)/.stamp-install: pyproject.toml
 	touch $@
 
 # Live goodput of a replayed Azure LLM trace (docs/demo.md); DURATION=60 bounds the run.
+# ENGINE=vllm (default): control plane + real vLLM prefill and decode + the PD gateway.
+# ENGINE=sim: the same stack on H100-modelled sim workers; ENGINE=model: no engine at all.
+ENGINE ?= vllm
 demo: install
-	$(BIN)/python -m goodput demo $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/python -m goodput demo --engine $(ENGINE) $(if $(DURATION),--duration $(DURATION))
 
 # All tiers (unit, integration, e2e); the ones needing vLLM or a browser skip themselves
 # only when their extra is not installed, and say so.
