@@ -47,9 +47,10 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from exporters._valid_batch import InvalidRecordLog, valid_batch
 from exporters.buckets import LATENCY_BUCKETS_S, validate_buckets
 from exporters.latency import RequestLatencies, request_latencies
-from exporters.records import Phase, RecordBatch, RecordError, RequestRecord, Status, Vantage
+from exporters.records import Phase, RecordBatch, RequestRecord, Status, Vantage
 
 __all__ = ["SPAN_NAME", "OTelExporter"]
 
@@ -92,7 +93,6 @@ class OTelExporter:
         bounds = list(validate_buckets(list(buckets)))
         self.fold_every = fold_every
         self.max_delay_s = max_delay_s
-        self.num_invalid_records = 0
         self._clock = clock
         self._meter_provider = meter_provider
         self._tracer_provider = tracer_provider
@@ -134,7 +134,7 @@ class OTelExporter:
         self._oldest = 0.0
         self._closed = False
         self._attrs: dict[tuple[str, int, int], Attributes] = {}
-        self._logged_invalid = False
+        self._invalid = InvalidRecordLog("OpenTelemetry metrics", logger)
 
     # -- RecordSink --
 
@@ -151,6 +151,11 @@ class OTelExporter:
             due = len(self._pending) >= self.fold_every or now - self._oldest >= self.max_delay_s
         if due:
             self._fold_safely()
+
+    @property
+    def num_invalid_records(self) -> int:
+        """Records left out because they did not validate (the first one is logged)."""
+        return self._invalid.count
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
         self._fold_safely()
@@ -184,37 +189,12 @@ class OTelExporter:
                 records, self._pending = self._pending, []
             if not records:
                 return
-            batch = self._valid_batch(records)
+            batch = valid_batch(records, self._invalid)
             if len(batch):
                 lat = request_latencies(batch, validate=False)
                 self._record_metrics(batch, lat)
                 if self._tracer is not None:
                     self._emit_spans(batch, lat)
-
-    def _valid_batch(self, records: list[RequestRecord]) -> RecordBatch:
-        batch = RecordBatch.from_records(records)
-        try:
-            batch.validate()
-            return batch
-        except RecordError:
-            pass
-        good = []
-        for record in records:  # rare: find the culprits one by one
-            try:
-                RecordBatch.from_records([record]).validate()
-            except (RecordError, ValueError) as exc:
-                self.num_invalid_records += 1
-                if not self._logged_invalid:
-                    self._logged_invalid = True
-                    logger.error(
-                        "record %r left out of OpenTelemetry metrics (%s); further ones are "
-                        "counted only",
-                        record.request_id,
-                        exc,
-                    )
-            else:
-                good.append(record)
-        return RecordBatch.from_records(good)
 
     def _attributes(self, model: str, vantage: int, status: int) -> Attributes:
         """Per label set, built once: the SDK keys its series by these attribute sets."""

@@ -50,9 +50,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from exporters._valid_batch import InvalidRecordLog, valid_batch
 from exporters.buckets import LATENCY_BUCKETS_S, bucket_counts, validate_buckets
 from exporters.latency import itl_gaps_s, request_latencies
-from exporters.records import RecordBatch, RecordError, RequestRecord, Status, Vantage
+from exporters.records import RecordBatch, RequestRecord, Status, Vantage
 
 __all__ = ["OVERFLOW_LABEL", "PrometheusExporter"]
 
@@ -103,7 +104,6 @@ class PrometheusExporter(Collector):
         self.label_names = ("model", "vantage", "slo") if slo_label else ("model", "vantage")
         self.max_label_sets = max_label_sets
         self.fold_every = fold_every
-        self.num_invalid_records = 0
         self.num_overflow_records = 0
 
         self._lock = threading.Lock()  # guards _pending (held for an append)
@@ -117,7 +117,7 @@ class PrometheusExporter(Collector):
         self._requests = np.zeros((0, len(_STATUSES)), dtype=np.int64)
         self._output_tokens = np.zeros(0, dtype=np.int64)
         self._prompt_tokens = np.zeros(0, dtype=np.int64)
-        self._logged_invalid = False
+        self._invalid = InvalidRecordLog("Prometheus metrics", logger)
         registry.register(self)
 
     # -- RecordSink --
@@ -132,6 +132,11 @@ class PrometheusExporter(Collector):
             due = len(self._pending) >= self.fold_every
         if due:
             self._fold_safely()
+
+    @property
+    def num_invalid_records(self) -> int:
+        """Records left out because they did not validate (the first one is logged)."""
+        return self._invalid.count
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
         self._fold_safely()
@@ -206,34 +211,9 @@ class PrometheusExporter(Collector):
                 records, self._pending = self._pending, []
             if not records:
                 return
-            batch = self._valid_batch(records)
+            batch = valid_batch(records, self._invalid)
             if len(batch):
                 self._add(batch)
-
-    def _valid_batch(self, records: list[RequestRecord]) -> RecordBatch:
-        batch = RecordBatch.from_records(records)
-        try:
-            batch.validate()
-            return batch
-        except RecordError:
-            pass
-        good = []
-        for record in records:  # rare: find the culprits one by one
-            try:
-                RecordBatch.from_records([record]).validate()
-            except (RecordError, ValueError) as exc:
-                self.num_invalid_records += 1
-                if not self._logged_invalid:
-                    self._logged_invalid = True
-                    logger.error(
-                        "record %r left out of Prometheus metrics (%s); further ones are "
-                        "counted only",
-                        record.request_id,
-                        exc,
-                    )
-            else:
-                good.append(record)
-        return RecordBatch.from_records(good)
 
     def _add(self, batch: RecordBatch) -> None:
         groups = self._group_rows(batch)
