@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     rollup_interval_s: float = Field(default=60.0, gt=0)
     fleet_heartbeat_timeout_s: float = Field(default=30.0, gt=0)
     key_last_used_resolution_s: float = Field(default=60.0, ge=0)
+    # How long a key revoked through another process keeps working here (docs/api.md).
+    key_cache_ttl_s: float = Field(default=5.0, ge=0)
     ready_timeout_s: float = Field(default=2.0, gt=0)
     max_import_bytes: int = Field(default=1_048_576, gt=0)
     # Ingest and the live goodput engine (docs/ingest.md).

@@ -23,6 +23,7 @@ from exporters.latency import (
     ItlGroups,
     RequestLatencies,
     itl_gaps_s,
+    itl_gaps_us,
     itl_percentile_s,
     request_latencies,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "decode_batch",
     "encode_batch",
     "itl_gaps_s",
+    "itl_gaps_us",
     "itl_percentile_s",
     "judge",
     "request_latencies",

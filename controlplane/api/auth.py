@@ -120,7 +120,7 @@ class RoleRequirement:
         # The key cache of this app's database: a busy caller is not a query per request.
         key = await key_service.authenticate_cached(
             request.app.state.sessions,
-            key_service.key_cache(request.app.state.engine),
+            key_service.key_cache(request.app.state.engine, ttl_s=settings.key_cache_ttl_s),
             credentials.credentials,
             now=utcnow(),
             touch_after_s=settings.key_last_used_resolution_s,

@@ -258,17 +258,19 @@ _caches: weakref.WeakKeyDictionary[Engine, KeyCache] = weakref.WeakKeyDictionary
 _caches_lock = threading.Lock()
 
 
-def key_cache(bind: AsyncEngine | AsyncConnection | Engine | Connection) -> KeyCache:
-    """The key cache of the database behind ``bind`` (created on first use, gone with the
-    engine). One per database engine, so that :func:`revoke_key` reaches the cache that
-    authentication reads whatever session it is given."""
+def key_cache(
+    bind: AsyncEngine | AsyncConnection | Engine | Connection, *, ttl_s: float = KEY_CACHE_TTL_S
+) -> KeyCache:
+    """The key cache of the database behind ``bind`` (created on first use, with ``ttl_s``;
+    gone with the engine). One per database engine, so that :func:`revoke_key` reaches the
+    cache that authentication reads whatever session it is given."""
     if isinstance(bind, AsyncEngine | AsyncConnection):
         bind = bind.sync_engine
     engine = bind.engine if isinstance(bind, Connection) else bind
     with _caches_lock:
         cache = _caches.get(engine)
         if cache is None:
-            cache = _caches[engine] = KeyCache()
+            cache = _caches[engine] = KeyCache(ttl_s=ttl_s)
         return cache
 
 

@@ -154,3 +154,19 @@ def test_bad_settings_name_the_value(kwargs: dict[str, float], message: str) -> 
     with pytest.raises(ValueError) as info:
         KeyCache(**kwargs)  # type: ignore[arg-type]
     assert str(info.value) == message
+
+
+def test_key_cache_ttl_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import create_engine
+
+    from controlplane.services.keys import key_cache
+    from controlplane.settings import Settings
+
+    monkeypatch.setenv("GOODPUT_KEY_CACHE_TTL_S", "0.5")
+    settings = Settings()
+    engine = create_engine("sqlite://")
+    assert key_cache(engine, ttl_s=settings.key_cache_ttl_s).ttl_s == 0.5
+    assert key_cache(engine).ttl_s == 0.5  # one cache per database: the first one made stays
+    monkeypatch.setenv("GOODPUT_KEY_CACHE_TTL_S", "-1")
+    with pytest.raises(ValueError, match="key_cache_ttl_s"):
+        Settings()
