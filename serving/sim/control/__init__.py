@@ -1,0 +1,1 @@
+"""Control loops in the cluster simulator: policy adapters, baselines and their evaluation."""
