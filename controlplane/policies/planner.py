@@ -1,0 +1,579 @@
+"""The PD rebalancing planner: which split of instances between the prefill and decode
+pools maximises predicted goodput, and which instances to move there. Pure: no I/O, the
+clock is ``snapshot.now_s``; the control plane (``controlplane.planner_runtime``) and the
+simulator (``serving.sim.control.planner``) run this same function.
+
+**The model.** For a candidate split of ``n_p`` prefill and ``n_d`` decode instances, with
+``λ`` requests/s arriving, ``P`` prompt tokens/s, ``O`` output tokens/s (the demand) and a
+:class:`ServiceModel` (per-instance prefill rate ``r`` tokens/s, decode step time
+``itl(b, C) = a + β·b + c·C`` for ``b`` running sequences holding ``C`` context tokens,
+KV handoff ``h``):
+
+* *TTFT* — each prefill instance is an M/D/1 queue: arrivals ``λ/n_p``, service time
+  ``D = (P/λ)/r`` (the mean prompt at the instance's rate), utilisation
+  ``ρ_p = P/(n_p·r)``. The wait is 0 with probability ``1 − ρ_p`` and otherwise roughly
+  exponential with mean ``D/(2(1 − ρ_p))`` (the M/D/1 mean wait ``ρD/(2(1 − ρ))`` divided by
+  ``ρ``), so ``P(TTFT > T) ≈ ρ_p·exp(−2(1 − ρ_p)·s/D)`` with slack ``s = T − D − h − B``,
+  where ``B`` is the backlog already queued beyond the steady state (queued prefill tokens
+  ÷ pool rate, less the mean wait). ``ρ_p ≥ 1``: the queue grows without bound, 0.
+* *ITL* — Little's law on a decode instance: ``b = (O/n_d)·itl(b)``, so
+  ``b = (O/n_d)·a / (1 − (O/n_d)·β′)`` with ``β′ = β + c·ctx`` (``ctx``: context per
+  sequence), or the running sequences observed now spread over ``n_d``, whichever is
+  larger. The largest batch that meets the ITL target is ``b* = (T_itl − a)/β′``; the batch
+  of an instance fluctuates like a Poisson count around ``b``, so
+  ``P(ITL ≤ T_itl) ≈ Φ((b* − b)/√b)``. ``(O/n_d)·β′ ≥ 1``: decode cannot keep up, 0.
+* *Goodput* ``= λ · P(TTFT ok) · P(ITL ok)`` (requests/s meeting both objectives; the two
+  taken as independent).
+
+Every candidate ``n_p`` is evaluated at once with numpy (columnar: O(N) for N instances).
+
+**The decision.** The best split is the argmax (ties: the one nearest the current split).
+The plan moves at most ``max_moves_per_tick`` instances toward it, and only when the
+predicted gain of that step exceeds ``min_gain_ratio`` × current goodput (and
+``min_gain_rps``) — hysteresis, so noise never moves anything. When every split predicts
+no goodput at all (a deep overload that admission control must shed), the split with the
+most headroom wins, under the same margin on headroom. An instance may move only when it
+is not pinned, not draining, and its last role change is at least ``min_dwell_s`` old; of
+those, the least loaded of the source pool move (fewest queued prefill tokens, or fewest
+running sequences and least context), so the least work waits on a drain.
+
+**Role changes.** A move is *drain from the old pool, then join the new*: the control plane
+sends ``drain`` (the instance takes no new requests; in-flight work completes, nothing is
+dropped), then ``set_role`` and ``resume`` once it reports drained (or the drain times out).
+While it moves, an instance counts in its *target* pool (``InstanceLoad.moving_to``), never
+in both and never twice. Where the KV connector lets the instance serve both roles
+(``kv_both``: ``InstanceLoad.live_switch``), the switch is a routing change (``mode
+"routing"``); otherwise the worker applies ``set_role`` by a supervised restart with the new
+role (``mode "restart"``) — the plan says which, and the commands are the same.
+
+**Capacity learning.** :class:`ServiceModelLearner` (a minimal one: helper H4's
+``controlplane.policies.learning`` had not landed when this was written) learns ``r`` as an
+exponentially weighted mean of observed prefill rates and ``(a, β, c)`` by recursive least
+squares with forgetting, from the priors it is given.
+
+Example::
+
+    snapshot = PlannerSnapshot(
+        now_s=clock(), instances=views, demand=Demand(8.0, 16_000.0, 1_600.0),
+        model=ServiceModel(20_000.0, 0.008, 0.0002, 2e-8), slo=SLOTargets(0.5, 0.05))
+    result = plan(snapshot, PlannerConfig(max_moves_per_tick=1, min_dwell_s=60.0))
+    for move in result.moves: ...  # drain, set_role, resume
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from exporters.commands import Role
+
+__all__ = [
+    "Demand",
+    "InstanceLoad",
+    "Move",
+    "Plan",
+    "PlannerConfig",
+    "PlannerSnapshot",
+    "SLOTargets",
+    "ServiceModel",
+    "ServiceModelLearner",
+    "SplitPrediction",
+    "plan",
+    "predict_splits",
+]
+
+F64 = npt.NDArray[np.float64]
+_EPS = 1e-12
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not (math.isfinite(value) and ok):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """Per-instance capacity: prefill ``prefill_tokens_per_s``; decode step time
+    ``itl_base_s + itl_per_seq_s·b + itl_per_context_token_s·C`` (``b`` sequences holding
+    ``C`` context tokens); ``kv_handoff_s`` from prefill to decode."""
+
+    prefill_tokens_per_s: float
+    itl_base_s: float
+    itl_per_seq_s: float
+    itl_per_context_token_s: float = 0.0
+    kv_handoff_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("prefill_tokens_per_s", self.prefill_tokens_per_s)
+        _positive("itl_base_s", self.itl_base_s)
+        for name in ("itl_per_seq_s", "itl_per_context_token_s", "kv_handoff_s"):
+            _positive(name, getattr(self, name), allow_zero=True)
+
+    def itl_s(self, batch: float, context_tokens: float) -> float:
+        return (
+            self.itl_base_s
+            + self.itl_per_seq_s * batch
+            + self.itl_per_context_token_s * context_tokens
+        )
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "itl_base_s": self.itl_base_s,
+            "itl_per_seq_s": self.itl_per_seq_s,
+            "itl_per_context_token_s": self.itl_per_context_token_s,
+            "kv_handoff_s": self.kv_handoff_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SLOTargets:
+    """The per-request objectives the split is chosen for."""
+
+    ttft_s: float
+    itl_s: float
+
+    def __post_init__(self) -> None:
+        _positive("ttft_s", self.ttft_s)
+        _positive("itl_s", self.itl_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What arrives (per second, over the recent window)."""
+
+    requests_per_s: float
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s"):
+            _positive(name, getattr(self, name), allow_zero=True)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceLoad:
+    """One instance as the planner sees it.
+
+    ``prefill_queue_tokens``: prompt tokens queued or prefilling on it;
+    ``decode_streams`` / ``decode_context_tokens``: running sequences and the context they
+    hold; ``prefill_tokens_per_s``: its learned prefill rate (``None``: the model's);
+    ``draining``: it takes no new work; ``moving_to``: the pool a move in progress takes it
+    to (it counts there); ``pinned``: an operator fixed its role; ``last_role_change_s``:
+    when its role last changed (dwell time); ``live_switch``: its KV connector serves both
+    roles, so a role change needs no restart.
+    """
+
+    id: str
+    role: Role
+    prefill_queue_tokens: float = 0.0
+    decode_streams: int = 0
+    decode_context_tokens: float = 0.0
+    prefill_tokens_per_s: float | None = None
+    draining: bool = False
+    moving_to: Role | None = None
+    pinned: bool = False
+    last_role_change_s: float = -math.inf
+    live_switch: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Hysteresis (``min_gain_ratio`` of current goodput and ``min_gain_rps``), dwell
+    time, moves per tick, and the smallest pool the planner leaves."""
+
+    min_gain_ratio: float = 0.05
+    min_gain_rps: float = 0.0
+    min_dwell_s: float = 60.0
+    max_moves_per_tick: int = 1
+    min_pool_size: int = 1
+
+    def __post_init__(self) -> None:
+        _positive("min_gain_ratio", self.min_gain_ratio, allow_zero=True)
+        _positive("min_gain_rps", self.min_gain_rps, allow_zero=True)
+        _positive("min_dwell_s", self.min_dwell_s, allow_zero=True)
+        if not (isinstance(self.max_moves_per_tick, int) and self.max_moves_per_tick >= 1):
+            raise ValueError(
+                f"max_moves_per_tick must be an integer >= 1, got {self.max_moves_per_tick!r}"
+            )
+        if not (isinstance(self.min_pool_size, int) and self.min_pool_size >= 1):
+            raise ValueError(f"min_pool_size must be an integer >= 1, got {self.min_pool_size!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSnapshot:
+    """Everything one tick decides from; ``now_s`` is the injected clock."""
+
+    now_s: float
+    instances: Sequence[InstanceLoad]
+    demand: Demand
+    model: ServiceModel
+    slo: SLOTargets
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPrediction:
+    """The model's prediction for one split (see the module docstring)."""
+
+    num_prefill: float
+    num_decode: float
+    goodput_rps: float
+    ttft_attainment_ratio: float
+    itl_attainment_ratio: float
+    prefill_utilisation_ratio: float
+    decode_batch: float
+    decode_max_batch: float
+    itl_s: float
+    headroom_ratio: float
+
+    def to_json(self) -> dict[str, float]:
+        return {name: _finite(getattr(self, name)) for name in SplitPrediction.__dataclass_fields__}
+
+
+def _finite(value: float) -> float:
+    # JSON has no inf/nan: an unbounded figure is reported as a large number.
+    if math.isnan(value):
+        return 0.0
+    return max(-1e18, min(1e18, float(value)))
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One instance to move: ``mode`` ``"routing"`` (kv_both: drain, set_role, resume) or
+    ``"restart"`` (the worker restarts with the new role between drain and resume)."""
+
+    instance_id: str
+    from_role: Role
+    to_role: Role
+    mode: str
+    evidence: Mapping[str, Any]
+    predicted: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One tick's decision: the moves (possibly none) and why."""
+
+    now_s: float
+    moves: tuple[Move, ...]
+    current: SplitPrediction
+    best: SplitPrediction
+    target: SplitPrediction
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def roles(self) -> dict[str, Role]:
+        """``{instance id: new role}`` for the simulator's seam."""
+        return {move.instance_id: move.to_role for move in self.moves}
+
+
+def _pool_counts(instances: Sequence[InstanceLoad]) -> tuple[float, float]:
+    """Effective prefill and decode sizes: a moving instance in its target pool, an
+    operator-drained one nowhere, a ``both`` instance half in each."""
+    num_p = num_d = 0.0
+    for inst in instances:
+        role = inst.moving_to if inst.moving_to is not None else inst.role
+        if inst.draining and inst.moving_to is None:
+            continue
+        if role is Role.PREFILL:
+            num_p += 1.0
+        elif role is Role.DECODE:
+            num_d += 1.0
+        else:
+            num_p += 0.5
+            num_d += 0.5
+    return num_p, num_d
+
+
+def _normal_cdf(x: F64) -> F64:
+    """Φ(x), vectorised (Abramowitz & Stegun 7.1.26 for erf; absolute error < 1.5e-7)."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = 1.0 - poly * np.exp(-z * z)
+    return np.asarray(0.5 * (1.0 + np.sign(x) * erf), dtype=np.float64)
+
+
+def predict_splits(
+    num_prefill: F64,
+    num_decode: F64,
+    *,
+    demand: Demand,
+    model: ServiceModel,
+    slo: SLOTargets,
+    prefill_rate: float,
+    queued_prefill_tokens: float = 0.0,
+    running_streams: float = 0.0,
+    context_per_stream: float = 0.0,
+) -> dict[str, F64]:
+    """The model's figures for each candidate split (arrays of equal length): see the
+    module docstring. ``prefill_rate`` is the mean per-instance prefill rate of the fleet."""
+    n_p = np.maximum(np.asarray(num_prefill, dtype=np.float64), _EPS)
+    n_d = np.maximum(np.asarray(num_decode, dtype=np.float64), _EPS)
+    lam = demand.requests_per_s
+    # -- prefill: M/D/1 per instance
+    mean_prompt = demand.prompt_tokens_per_s / lam if lam > 0 else 0.0
+    service_s = mean_prompt / prefill_rate
+    rho_p = demand.prompt_tokens_per_s / (n_p * prefill_rate)
+    stable_p = rho_p < 1.0
+    safe_rho = np.where(stable_p, rho_p, 0.5)
+    mean_wait = np.where(stable_p, safe_rho * service_s / (2.0 * (1.0 - safe_rho)), np.inf)
+    backlog_s = np.maximum(queued_prefill_tokens / (n_p * prefill_rate) - mean_wait, 0.0)
+    slack = slo.ttft_s - service_s - model.kv_handoff_s - backlog_s
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scale = 2.0 * (1.0 - safe_rho) / max(service_s, _EPS)
+        tail = np.where(slack >= 0, safe_rho * np.exp(-scale * np.maximum(slack, 0.0)), 1.0)
+    ttft_ok = np.where(stable_p & (slack >= 0), 1.0 - np.clip(tail, 0.0, 1.0), 0.0)
+    # -- decode: Little's law on the ITL model
+    beta = model.itl_per_seq_s + model.itl_per_context_token_s * context_per_stream
+    per_instance = demand.output_tokens_per_s / n_d
+    load_d = per_instance * beta
+    stable_d = load_d < 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steady = np.where(stable_d, per_instance * model.itl_base_s / (1.0 - load_d), np.inf)
+    batch = np.maximum(steady, running_streams / n_d)
+    max_batch = (slo.itl_s - model.itl_base_s) / beta if beta > 0 else math.inf
+    itl = model.itl_base_s + beta * batch
+    if math.isinf(max_batch):
+        itl_ok = np.where(stable_d, 1.0, 0.0)
+    else:
+        with np.errstate(invalid="ignore"):  # an unstable split has batch = inf
+            spread = np.sqrt(np.maximum(batch, 1.0))
+            z = np.where(stable_d, (max_batch - batch) / spread, -40.0)
+        itl_ok = np.where(stable_d, _normal_cdf(z), 0.0)
+    goodput = lam * ttft_ok * itl_ok
+    headroom = np.minimum(1.0 - rho_p, 1.0 - load_d)
+    return {
+        "num_prefill": np.asarray(num_prefill, dtype=np.float64),
+        "num_decode": np.asarray(num_decode, dtype=np.float64),
+        "goodput_rps": goodput,
+        "ttft_attainment_ratio": ttft_ok,
+        "itl_attainment_ratio": itl_ok,
+        "prefill_utilisation_ratio": rho_p,
+        "decode_batch": batch,
+        "decode_max_batch": np.full_like(batch, max_batch),
+        "itl_s": itl,
+        "headroom_ratio": headroom,
+    }
+
+
+def _at(figures: Mapping[str, F64], i: int) -> SplitPrediction:
+    return SplitPrediction(**{name: float(values[i]) for name, values in figures.items()})
+
+
+def _eligible(inst: InstanceLoad, now_s: float, config: PlannerConfig) -> bool:
+    return (
+        not inst.pinned
+        and not inst.draining
+        and inst.moving_to is None
+        and inst.role is not Role.BOTH
+        and now_s - inst.last_role_change_s >= config.min_dwell_s
+    )
+
+
+def _mean_prefill_rate(instances: Sequence[InstanceLoad], default: float) -> float:
+    rates = [i.prefill_tokens_per_s for i in instances if i.prefill_tokens_per_s]
+    return float(np.mean(rates)) if rates else default
+
+
+def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan:
+    """Decide one tick (see the module docstring). Pure and deterministic."""
+    config = config or PlannerConfig()
+    instances = snapshot.instances
+    now = snapshot.now_s
+    cur_p, cur_d = _pool_counts(instances)
+    by_role: dict[Role, list[InstanceLoad]] = {Role.PREFILL: [], Role.DECODE: []}
+    for inst in instances:
+        if _eligible(inst, now, config):
+            by_role[inst.role].append(inst)
+    counted = [i for i in instances if not (i.draining and i.moving_to is None)]
+    prefill_side = [i for i in counted if (i.moving_to or i.role) is Role.PREFILL]
+    decode_side = [i for i in counted if (i.moving_to or i.role) is Role.DECODE]
+    queued = float(sum(i.prefill_queue_tokens for i in prefill_side))
+    streams = float(sum(i.decode_streams for i in decode_side))
+    context = float(sum(i.decode_context_tokens for i in decode_side))
+    demand = snapshot.demand
+    if streams > 0:
+        context_per_stream = context / streams
+    elif demand.requests_per_s > 0:  # prompt plus half the output, on average
+        context_per_stream = (
+            demand.prompt_tokens_per_s + 0.5 * demand.output_tokens_per_s
+        ) / demand.requests_per_s
+    else:
+        context_per_stream = 0.0
+    rate = _mean_prefill_rate(instances, snapshot.model.prefill_tokens_per_s)
+    # Candidate splits: every shift from -(movable prefill) to +(movable decode).
+    low = -min(len(by_role[Role.PREFILL]), max(math.floor(cur_p) - config.min_pool_size, 0))
+    high = min(len(by_role[Role.DECODE]), max(math.floor(cur_d) - config.min_pool_size, 0))
+    shifts = np.arange(low, high + 1, dtype=np.int64)
+    figures = predict_splits(
+        (cur_p + shifts).astype(np.float64),
+        (cur_d - shifts).astype(np.float64),
+        demand=demand,
+        model=snapshot.model,
+        slo=snapshot.slo,
+        prefill_rate=rate,
+        queued_prefill_tokens=queued,
+        running_streams=streams,
+        context_per_stream=context_per_stream,
+    )
+    zero = int(-low)
+    goodput = figures["goodput_rps"]
+    current = _at(figures, zero)
+    evidence: dict[str, Any] = {
+        "now_s": now,
+        "demand": {
+            "requests_per_s": demand.requests_per_s,
+            "prompt_tokens_per_s": demand.prompt_tokens_per_s,
+            "output_tokens_per_s": demand.output_tokens_per_s,
+        },
+        "model": snapshot.model.to_json(),
+        "slo": {"ttft_s": snapshot.slo.ttft_s, "itl_s": snapshot.slo.itl_s},
+        "pools": {"prefill": cur_p, "decode": cur_d},
+        "queued_prefill_tokens": queued,
+        "running_streams": streams,
+        "context_per_stream": context_per_stream,
+        "prefill_rate_tokens_per_s": rate,
+        "movable": {"prefill": len(by_role[Role.PREFILL]), "decode": len(by_role[Role.DECODE])},
+    }
+    if demand.requests_per_s <= 0:
+        return Plan(now, (), current, current, current, "no demand", evidence)
+    distance = np.abs(shifts).astype(np.float64)
+    if float(goodput.max()) > _EPS:
+        # Argmax, ties to the nearest split: a lexicographic key on (goodput, -distance).
+        best_i = int(np.lexsort((distance, -goodput))[0])
+        score, current_score = goodput, current.goodput_rps
+        margin = max(config.min_gain_rps, config.min_gain_ratio * current_score)
+        unit = "goodput_rps"
+    else:  # nothing meets the SLO anywhere: keep the most headroom
+        headroom = figures["headroom_ratio"]
+        best_i = int(np.lexsort((distance, -headroom))[0])
+        score, current_score = headroom, current.headroom_ratio
+        margin = max(config.min_gain_ratio, 0.0)
+        unit = "headroom_ratio"
+    best = _at(figures, best_i)
+    step = int(shifts[best_i])
+    if step == 0:
+        return Plan(
+            now, (), current, best, current, "current split is the best predicted", evidence
+        )
+    step = max(-config.max_moves_per_tick, min(config.max_moves_per_tick, step))
+    target_i = zero + step
+    target = _at(figures, target_i)
+    gain = float(score[target_i] - current_score)
+    if gain <= margin:
+        reason = f"predicted gain {gain:.4g} {unit} within the margin {margin:.4g}: no move"
+        return Plan(now, (), current, best, current, reason, evidence)
+    source = Role.DECODE if step > 0 else Role.PREFILL
+    destination = Role.PREFILL if step > 0 else Role.DECODE
+    if source is Role.PREFILL:
+        key = lambda i: (i.prefill_queue_tokens, i.decode_streams, i.id)  # noqa: E731
+    else:
+        key = lambda i: (i.decode_streams, i.decode_context_tokens, i.id)  # noqa: E731
+    chosen = sorted(by_role[source], key=key)[: abs(step)]
+    predicted = {
+        "before": current.to_json(),
+        "after": target.to_json(),
+        "goodput_gain_rps": target.goodput_rps - current.goodput_rps,
+        "best": best.to_json(),
+    }
+    moves = tuple(
+        Move(
+            instance_id=inst.id,
+            from_role=source,
+            to_role=destination,
+            mode="routing" if inst.live_switch else "restart",
+            evidence={
+                "prefill_queue_tokens": inst.prefill_queue_tokens,
+                "decode_streams": inst.decode_streams,
+                "decode_context_tokens": inst.decode_context_tokens,
+                "last_role_change_s": _finite(inst.last_role_change_s),
+                "chosen_as": f"least loaded of {len(by_role[source])} movable {source.value}",
+            },
+            predicted=predicted,
+        )
+        for inst in chosen
+    )
+    reason = (
+        f"move {len(moves)} {source.value}→{destination.value}: predicted {unit} "
+        f"{float(current_score):.4g} → {float(score[target_i]):.4g} (best split "
+        f"{best.num_prefill:g}P:{best.num_decode:g}D)"
+    )
+    return Plan(now, moves, current, best, target, reason, evidence)
+
+
+class ServiceModelLearner:
+    """Online estimates of a :class:`ServiceModel` from observations, starting at ``prior``.
+
+    Prefill rate: exponentially weighted mean (``prefill_weight`` per observation) of
+    observed rates (prompt tokens ÷ busy prefill seconds). Decode step time: recursive
+    least squares on ``itl = a + β·b + c·C`` with forgetting factor ``forget`` and the prior
+    as the initial estimate (``prior_strength``: how many observations the prior is worth).
+    Observations outside the physical range (non-positive, non-finite) are ignored.
+    Deterministic; no I/O.
+    """
+
+    def __init__(
+        self,
+        prior: ServiceModel,
+        *,
+        prefill_weight: float = 0.2,
+        forget: float = 0.99,
+        prior_strength: float = 5.0,
+    ) -> None:
+        if not 0 < prefill_weight <= 1:
+            raise ValueError(f"prefill_weight must be in (0, 1], got {prefill_weight!r}")
+        if not 0 < forget <= 1:
+            raise ValueError(f"forget must be in (0, 1], got {forget!r}")
+        _positive("prior_strength", prior_strength)
+        self.prior = prior
+        self._prefill_weight = prefill_weight
+        self._forget = forget
+        self._rate = prior.prefill_tokens_per_s
+        self._theta = np.array(
+            [prior.itl_base_s, prior.itl_per_seq_s, prior.itl_per_context_token_s]
+        )
+        # Covariance scaled per coordinate so the prior is worth ``prior_strength`` samples.
+        scale = np.array([1.0, 1e-2, 1e-8])
+        self._cov = np.diag(scale / prior_strength)
+        self.num_prefill_observations = 0
+        self.num_itl_observations = 0
+
+    def observe_prefill_rate(self, tokens_per_s: float) -> None:
+        if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
+            return
+        w = self._prefill_weight
+        self._rate = (1 - w) * self._rate + w * tokens_per_s
+        self.num_prefill_observations += 1
+
+    def observe_itl(self, batch: float, context_tokens: float, itl_s: float) -> None:
+        values = (batch, context_tokens, itl_s)
+        if not all(math.isfinite(v) for v in values) or batch < 1 or itl_s <= 0:
+            return
+        x = np.array([1.0, batch, context_tokens])
+        px = self._cov @ x
+        gain = px / (self._forget + x @ px)
+        self._theta = self._theta + gain * (itl_s - x @ self._theta)
+        self._cov = (self._cov - np.outer(gain, px)) / self._forget
+        self.num_itl_observations += 1
+
+    def model(self) -> ServiceModel:
+        """The current estimate; coefficients clipped to the physical range (a base step
+        time of at least a tenth of the prior's, non-negative slopes)."""
+        a, b, c = (float(v) for v in self._theta)
+        return ServiceModel(
+            prefill_tokens_per_s=self._rate,
+            itl_base_s=max(a, 0.1 * self.prior.itl_base_s),
+            itl_per_seq_s=max(b, 0.0),
+            itl_per_context_token_s=max(c, 0.0),
+            kv_handoff_s=self.prior.kv_handoff_s,
+        )
