@@ -1,7 +1,9 @@
 """The down contract: commands from the control plane to gateways and workers, and their acks.
 
 Commands are rare (a policy push, a role change), so they travel as JSON objects, validated
-field by field with errors that name the field, the value and what is allowed.
+field by field with errors that name the field, the value and what is allowed. The admission
+policy a ``set_admission_policy`` command carries is defined in :mod:`exporters.admission`
+(re-exported here).
 
 Delivery and ordering: a command carries a random ``id`` (a UUID) and a ``version``. The
 sender may deliver a command more than once; the target applies an ``id`` at most once and
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -38,15 +40,16 @@ from exporters._wire_fields import (
     check_fields,
     check_int,
     check_name,
-    check_optional_seconds,
     check_seconds,
     check_uuid,
     check_v,
 )
+from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
 
 __all__ = [
     "COMMAND_VERSION",
     "SUPPORTED_COMMAND_VERSIONS",
+    "AdmissionModel",
     "AdmissionPolicy",
     "ClassPolicy",
     "Command",
@@ -55,6 +58,7 @@ __all__ = [
     "CommandKind",
     "Pool",
     "Role",
+    "SLOAdmission",
     "command_from_json",
     "command_to_json",
 ]
@@ -79,104 +83,6 @@ class Role(StrEnum):
 class Pool(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
-
-
-@dataclass(frozen=True, slots=True)
-class ClassPolicy:
-    """Admission rules for one priority class (``x-goodput-priority``).
-
-    Under overload the gateway sheds sheddable classes in ascending ``shed_order`` (0 first);
-    a class with ``sheddable=False`` is never shed by policy. ``ttft_s`` is the TTFT the class
-    is promised, which admission protects (``None``: no TTFT promise).
-    """
-
-    shed_order: int = 0
-    sheddable: bool = True
-    ttft_s: float | None = None
-
-    def __post_init__(self) -> None:
-        _check_class(self.shed_order, self.sheddable, self.ttft_s, "class")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"shed_order": self.shed_order, "sheddable": self.sheddable, "ttft_s": self.ttft_s}
-
-    @classmethod
-    def from_json(cls, obj: Any, path: str = "class") -> ClassPolicy:
-        obj = check_fields(obj, path, ("shed_order", "sheddable", "ttft_s"))
-        ttft_s = _check_class(obj["shed_order"], obj["sheddable"], obj["ttft_s"], path)
-        return cls(obj["shed_order"], obj["sheddable"], ttft_s)
-
-
-def _check_class(shed_order: Any, sheddable: Any, ttft_s: Any, path: str) -> float | None:
-    check_int(shed_order, f"{path}.shed_order", 0, 1_000_000)
-    check_bool(sheddable, f"{path}.sheddable")
-    return check_optional_seconds(ttft_s, f"{path}.ttft_s")
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionPolicy:
-    """What the control plane tells a gateway about admission; data, not code.
-
-    The gateway applies it per request for ``ttl_s`` after receiving it; if no newer policy
-    arrives by then (the control plane is gone), it falls back to a plain concurrency cap of
-    ``fallback_max_concurrency``. ``classes`` maps a priority class name to its
-    :class:`ClassPolicy`; a request of an unlisted class gets ``ClassPolicy()``. ``version``
-    identifies the policy in metrics and acks.
-    """
-
-    version: int
-    ttl_s: float
-    fallback_max_concurrency: int
-    classes: Mapping[str, ClassPolicy] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        ttl_s = _check_policy(self.version, self.ttl_s, self.fallback_max_concurrency, "policy")
-        if not isinstance(self.classes, Mapping):
-            raise CommandError("policy.classes", f"expected a mapping, got {self.classes!r}")
-        for name, rules in self.classes.items():
-            check_name(name, "policy.classes")
-            if not isinstance(rules, ClassPolicy):
-                raise CommandError(
-                    f"policy.classes.{name}", f"expected a ClassPolicy, got {rules!r}"
-                )
-        object.__setattr__(self, "ttl_s", ttl_s)
-        object.__setattr__(self, "classes", MappingProxyType(dict(self.classes)))
-
-    def class_policy(self, name: str) -> ClassPolicy:
-        """The rules of priority class ``name`` (defaults for a class the policy omits)."""
-        return self.classes.get(name) or ClassPolicy()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "ttl_s": self.ttl_s,
-            "fallback_max_concurrency": self.fallback_max_concurrency,
-            "classes": {name: rules.to_json() for name, rules in self.classes.items()},
-        }
-
-    @classmethod
-    def from_json(cls, obj: Any, path: str = "policy") -> AdmissionPolicy:
-        obj = check_fields(obj, path, ("version", "ttl_s", "fallback_max_concurrency", "classes"))
-        ttl_s = _check_policy(obj["version"], obj["ttl_s"], obj["fallback_max_concurrency"], path)
-        classes = obj["classes"]
-        if not isinstance(classes, dict):
-            raise CommandError(f"{path}.classes", f"expected an object, got {classes!r}")
-        return cls(
-            version=obj["version"],
-            ttl_s=ttl_s,
-            fallback_max_concurrency=obj["fallback_max_concurrency"],
-            classes={
-                check_name(k, f"{path}.classes"): ClassPolicy.from_json(v, f"{path}.classes.{k}")
-                for k, v in classes.items()
-            },
-        )
-
-
-def _check_policy(version: Any, ttl_s: Any, fallback_max_concurrency: Any, path: str) -> float:
-    check_int(version, f"{path}.version")
-    seconds = check_seconds(ttl_s, f"{path}.ttl_s")
-    check_int(fallback_max_concurrency, f"{path}.fallback_max_concurrency", 1, 2**31 - 1)
-    return seconds
 
 
 def _payload(kind: CommandKind, payload: Any) -> Mapping[str, Any]:

@@ -2,9 +2,11 @@
 
 The hook is a :class:`AdmissionHook` (``decide(info) -> Decision``). It runs on the event
 loop once per request, so it must be cheap and must not block; a policy that needs remote
-state keeps it fresh on its own schedule and decides from what it holds. The gateway ships
-:class:`AllowAll`; the control loops fill the seam with a policy (fed by the control
-plane's ``set_admission`` commands, ``exporters.commands.AdmissionPolicy``).
+state keeps it fresh on its own schedule and decides from what it holds. :class:`AllowAll`
+admits everything; the gateway's default is
+:class:`serving.gateway.admission_policy.PolicyAdmission`, which applies the admission
+policy the control plane pushes (``set_admission_policy`` commands,
+``exporters.admission.AdmissionPolicy``) and admits everything until the first one arrives.
 
 A request the hook rejects is answered ``429`` with ``Retry-After`` when the decision has
 one, and recorded with status ``REJECTED`` (it counts against the SLO's availability).
@@ -43,11 +45,21 @@ class RequestInfo:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Admit or reject; ``reason`` is recorded and sent to a rejected client."""
+    """Admit or reject; ``reason`` is recorded and sent to a rejected client.
+
+    A rejection by a latency prediction also says which SLO and objective it protects
+    (``slo``, ``objective``: ``"ttft"``, ``"itl"`` or ``"concurrency"``), the predicted and
+    the allowed value (``predicted``, ``allowed``: seconds, or requests for
+    ``"concurrency"``); ``reason`` spells the same out for people.
+    """
 
     admit: bool
     reason: str = ""
     retry_after_s: float | None = None
+    slo: str = ""
+    objective: str = ""
+    predicted: float | None = None
+    allowed: float | None = None
 
 
 ADMIT = Decision(admit=True)

@@ -42,6 +42,8 @@ from exporters.records import Labels, Vantage
 from exporters.sinks import FanoutSink, RecordSink
 from serving.gateway._request import ParsedRequest
 from serving.gateway.admission import AdmissionHook, AllowAll
+from serving.gateway.admission_load import LoadTracker, TrackedPool
+from serving.gateway.admission_policy import AdmissionFeedback, PolicyAdmission
 from serving.gateway.config import GatewayConfig
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.pool import InstancePool
@@ -80,11 +82,16 @@ class Gateway:
     ) -> None:
         self.config = config
         self.colocated = config.colocated_mode
-        self.pool = InstancePool(config.static_instances(), cooldown_s=config.cooldown_s)
+        self.load = LoadTracker()  # running sums of the pool's load, for admission
+        self.pool: InstancePool = TrackedPool(
+            config.static_instances(), tracker=self.load, cooldown_s=config.cooldown_s
+        )
         self.registry = registry
         self.prometheus = PrometheusExporter(registry, slo_label=True)
         self.records_out = sink
-        self.sink: RecordSink = FanoutSink(self.prometheus, sink)
+        self.sink: RecordSink = FanoutSink(
+            self.prometheus, sink, AdmissionFeedback(lambda: self.admission)
+        )
         self.num_finished = 0  # requests recorded so far (the flusher's cue)
         self.recorder = RequestRecorder(Vantage.GATEWAY, self.sink)
         self.in_flight = 0  # client requests being served now
@@ -237,8 +244,11 @@ def create_app(
 ) -> FastAPI:
     """The gateway app. Without ``sink`` the records go to the control plane named in
     ``config`` (when there is one) and always to the Prometheus exporter. With ``link`` and a
-    control plane, the lifespan registers the gateway and syncs the pools from the fleet
-    registry (:class:`~serving.gateway.control.ControlPlaneLink`)."""
+    control plane, the lifespan registers the gateway, syncs the pools from the fleet
+    registry and applies the admission policies it is sent
+    (:class:`~serving.gateway.control.ControlPlaneLink`). Without ``admission`` the hook is
+    :class:`~serving.gateway.admission_policy.PolicyAdmission` (admits everything until a
+    policy arrives)."""
     from serving.gateway.control import ControlPlaneLink, records_sink
 
     registry = registry if registry is not None else CollectorRegistry()
@@ -249,6 +259,10 @@ def create_app(
         admission=admission,
         transport=transport,
     )
+    if admission is None:
+        gateway.admission = PolicyAdmission(
+            gateway.load, clock_s=gateway.clock_s, registry=registry
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,0 +1,126 @@
+"""The load view admission decides from: running sums of the gateway's in-flight work.
+
+Admission runs once per request on the event loop and must cost a few microseconds, so it
+never scans the instances. :class:`LoadTracker` keeps, as the work changes (a prefill
+starts or ends, a decode stream opens or closes — the calls the relay already makes on the
+pool), the few numbers the rule reads:
+
+* the least-loaded eligible prefill instance and its queued prompt tokens (what routing
+  will pick, least outstanding work: the tokens ahead of a new request);
+* the requests in prefill now (they join the decode pool before a new request does);
+* the decode streams running on the decode pool and its number of instances.
+
+Each update is O(1), except when the least-loaded prefill instance gains work: then the
+prefill instances are scanned once to find the new minimum (O(prefill instances), on the
+update path, never in :meth:`decide`). Membership and health changes (fleet syncs) rebuild
+the view from the pool's snapshot.
+
+:class:`TrackedPool` is the gateway's :class:`~serving.gateway.pool.InstancePool` with the
+tracker kept in step. The simulator's adapter feeds a tracker directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from serving.gateway.pool import InstancePool, StaticInstance
+from serving.gateway.routing import InstanceState, PoolRole
+
+__all__ = ["LoadTracker", "TrackedPool"]
+
+
+class LoadTracker:
+    """Running sums of in-flight work (see the module docstring). Not thread-safe: one
+    event loop (or one simulator) owns it."""
+
+    __slots__ = (
+        "_decode",
+        "_prefill",
+        "decode_streams",
+        "min_prefill_id",
+        "min_prefill_tokens",
+        "num_decode",
+        "prefill_requests",
+    )
+
+    def __init__(self) -> None:
+        self._prefill: dict[str, int] = {}  # eligible prefill-serving instance → tokens
+        self._decode: dict[str, int] = {}  # eligible decode-serving instance → streams
+        self.prefill_requests = 0
+        self.decode_streams = 0
+        self.num_decode = 0
+        self.min_prefill_id: str | None = None
+        self.min_prefill_tokens = 0
+
+    def sync(self, states: Iterable[InstanceState]) -> None:
+        """Rebuild from a snapshot of the instances (membership, roles, health changed).
+        ``prefill_requests`` is kept: the pool counts tokens, not requests."""
+        states = list(states)
+        self._prefill = {
+            s.id: s.prefill_tokens for s in states if s.healthy and s.serves(PoolRole.PREFILL)
+        }
+        self._decode = {
+            s.id: s.decode_streams for s in states if s.healthy and s.serves(PoolRole.DECODE)
+        }
+        self.decode_streams = sum(self._decode.values())
+        self.num_decode = len(self._decode)
+        self._rescan()
+
+    def add(self, instance_id: str, prefill_tokens: int = 0, decode_streams: int = 0) -> None:
+        """In-flight work of ``instance_id`` changed by these amounts (the pool's
+        ``add_load``). A positive ``prefill_tokens`` is one request entering prefill, a
+        negative one a request leaving it."""
+        if prefill_tokens:
+            step = 1 if prefill_tokens > 0 else -1
+            self.prefill_requests = max(0, self.prefill_requests + step)
+            old = self._prefill.get(instance_id)
+            if old is not None:
+                new = max(0, old + prefill_tokens)
+                self._prefill[instance_id] = new
+                if self.min_prefill_id is None or new < self.min_prefill_tokens:
+                    self.min_prefill_id, self.min_prefill_tokens = instance_id, new
+                elif instance_id == self.min_prefill_id:
+                    if new > old:
+                        self._rescan()
+                    else:
+                        self.min_prefill_tokens = new
+        if decode_streams:
+            old_streams = self._decode.get(instance_id)
+            if old_streams is not None:
+                new_streams = max(0, old_streams + decode_streams)
+                self._decode[instance_id] = new_streams
+                self.decode_streams += new_streams - old_streams
+
+    def _rescan(self) -> None:
+        if not self._prefill:
+            self.min_prefill_id, self.min_prefill_tokens = None, 0
+            return
+        best = min(self._prefill, key=self._prefill.__getitem__)  # first of equals
+        self.min_prefill_id, self.min_prefill_tokens = best, self._prefill[best]
+
+
+class TrackedPool(InstancePool):
+    """An :class:`InstancePool` that keeps a :class:`LoadTracker` in step with it."""
+
+    def __init__(
+        self,
+        static: Iterable[StaticInstance] = (),
+        *,
+        tracker: LoadTracker,
+        cooldown_s: float = 5.0,
+        max_affinity_keys: int = 65_536,
+    ) -> None:
+        super().__init__(static, cooldown_s=cooldown_s, max_affinity_keys=max_affinity_keys)
+        self.tracker = tracker
+        tracker.sync(self.states())
+
+    def add_load(
+        self, instance_id: str, *, prefill_tokens: int = 0, decode_streams: int = 0
+    ) -> None:
+        super().add_load(instance_id, prefill_tokens=prefill_tokens, decode_streams=decode_streams)
+        self.tracker.add(instance_id, prefill_tokens, decode_streams)
+
+    def apply_fleet(self, members: Iterable[Mapping[str, Any]]) -> None:
+        super().apply_fleet(members)
+        self.tracker.sync(self.states())

@@ -1,0 +1,353 @@
+"""SLO-aware admission: the gateway's per-request rule over the policy the control plane pushes.
+
+:class:`PolicyAdmission` is an :class:`~serving.gateway.admission.AdmissionHook`. It holds
+the last :class:`~exporters.admission.AdmissionPolicy` applied (``apply``), a
+:class:`~serving.gateway.admission_load.LoadTracker` (the gateway's in-flight work as
+running sums) and an injected clock; :meth:`decide` is a pure function of those and the
+request, O(1), with no I/O.
+
+Modes (``mode()``, exported as ``goodput_gateway_admission_mode{mode}``):
+
+* ``allow_all`` — no policy yet: everything is admitted;
+* ``policy`` — a policy younger than its ``ttl_s``: the prediction below;
+* ``fallback`` — the policy is older than ``ttl_s`` (the control plane is gone): a plain
+  concurrency cap of ``fallback_max_concurrency`` requests in flight. Classes the last
+  policy marks not sheddable are still never refused.
+
+The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` prompt tokens:
+
+1. TTFT = (queued prompt tokens on the least-loaded prefill instance + ``p``) ÷ that
+   instance's prefill rate + the KV handoff time;
+2. the decode load when its prefill finishes, ``Δ`` = that TTFT from now (Mooncake's
+   lesson: judging by the *current* decode load makes prefill and decode swing in opposite
+   phase): streams running now that are still running then, ``n·exp(−Δ/mean_decode_s)``
+   (remaining decode times taken as memoryless), plus every request in prefill now (they
+   reach decode first), plus this one, spread over the decode instances → batch ``b``;
+   ITL = ``itl_base_s + itl_per_stream_s·b + itl_per_context_token_s·b·mean_context``;
+3. the allowed latency is the SLO's objective (the class's ``ttft_s`` when the SLO has no
+   TTFT objective) × the SLO's burn-rate ``margin_ratio`` × the class's ``headroom_ratio``
+   × ``over_share_ratio`` when the tenant holds more than its fair share of the requests
+   in flight. Lower classes have less headroom, so they are refused first and the room
+   they leave serves the higher ones; a non-sheddable class is never refused;
+4. a prediction above its allowed value (or a decode batch above ``max_decode_batch`` ×
+   the same factors) rejects the request: ``429``, ``Retry-After``, a body naming the SLO,
+   the objective, the predicted and the allowed latency.
+
+Every admitted request counts in flight (per tenant, for fairness, and in all, for the
+fallback cap) until its record is finished (:meth:`on_finished`, fed by the gateway's
+record sink through :class:`AdmissionFeedback`).
+
+Example::
+
+    rule = PolicyAdmission(tracker, clock_s=time.monotonic, registry=registry)
+    rule.apply(policy)                   # from a set_admission_policy command
+    decision = rule.decide(info)         # per request
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporters.admission import AdmissionPolicy, ClassPolicy
+from exporters.records import RequestRecord, Status
+from serving.gateway.admission import ADMIT, Decision, RequestInfo
+from serving.gateway.admission_load import LoadTracker
+
+__all__ = ["MODES", "AdmissionFeedback", "PolicyAdmission"]
+
+MODES = ("allow_all", "policy", "fallback")
+_MAX_RETRY_AFTER_S = 60.0
+
+
+class PolicyAdmission:
+    """The SLO-aware admission rule (see the module docstring).
+
+    ``tracker``: the gateway's load view. ``clock_s``: a monotonic clock in seconds (the
+    simulator passes its virtual clock). ``registry``: where the admission metrics go
+    (none without it).
+    """
+
+    def __init__(
+        self,
+        tracker: LoadTracker,
+        *,
+        clock_s: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.tracker = tracker
+        self.clock_s = clock_s
+        self.policy: AdmissionPolicy | None = None
+        self.applied_s = 0.0
+        self.in_flight = 0
+        self._tenants: dict[str, int] = {}  # tenant → requests in flight
+        self._weight_sum = 0.0  # Σ weights of tenants with requests in flight
+        self.num_rejected = 0
+        self._rejections: Counter | None = None
+        self._rejection_children: dict[tuple[str, str], object] = {}
+        if registry is not None:
+            self._rejections = Counter(
+                "goodput_gateway_admission_rejections",
+                "Requests refused by admission, by priority class (other: not in the policy) "
+                "and reason (ttft, itl, batch, fallback).",
+                ("priority", "reason"),
+                registry=registry,
+            )
+            registry.register(_ModeCollector(self))
+
+    # -- the policy ---------------------------------------------------------------------
+
+    def apply(self, policy: AdmissionPolicy) -> str:
+        """Take ``policy`` from now on (its TTL starts now). Returns a detail for the ack.
+        Raises ``ValueError`` for a version older than the one applied (a late duplicate
+        must not undo a newer decision)."""
+        current = self.policy
+        if current is not None and policy.version < current.version:
+            raise ValueError(
+                f"stale: policy version {policy.version} < applied version {current.version}"
+            )
+        self.policy = policy
+        self.applied_s = self.clock_s()
+        self._weight_sum = sum(self._weight(t) for t, n in self._tenants.items() if n > 0)
+        return f"admission policy version {policy.version} applied (ttl {policy.ttl_s:g} s)"
+
+    def mode(self) -> str:
+        policy = self.policy
+        if policy is None:
+            return "allow_all"
+        return "policy" if self.clock_s() - self.applied_s <= policy.ttl_s else "fallback"
+
+    def _weight(self, tenant: str) -> float:
+        policy = self.policy
+        return 1.0 if policy is None else policy.tenant_weights.get(tenant, 1.0)
+
+    # -- per request --------------------------------------------------------------------
+
+    def decide(self, info: RequestInfo) -> Decision:
+        """Admit or reject ``info`` (see the module docstring). Admitted requests count in
+        flight until :meth:`on_finished` sees their record."""
+        policy = self.policy
+        if policy is not None:
+            decision = self._judge(policy, info)
+            if not decision.admit:
+                self._rejected(policy, info.priority, decision.objective)
+                return decision
+        self._admitted(info.tenant)
+        return ADMIT
+
+    def _judge(self, policy: AdmissionPolicy, info: RequestInfo) -> Decision:
+        cls = policy.classes.get(info.priority)
+        if cls is not None and not cls.sheddable:
+            return ADMIT
+        age_s = self.clock_s() - self.applied_s
+        if age_s > policy.ttl_s:
+            cap = policy.fallback_max_concurrency
+            if self.in_flight < cap:
+                return ADMIT
+            return Decision(
+                False,
+                f"admission policy v{policy.version} expired {age_s - policy.ttl_s:.0f} s ago "
+                f"(ttl {policy.ttl_s:g} s): fallback concurrency cap reached, predicted "
+                f"{self.in_flight + 1} requests in flight > allowed {cap}",
+                1.0,
+                info.slo,
+                "concurrency",
+                float(self.in_flight + 1),
+                float(cap),
+            )
+        model = policy.model
+        if model is None:
+            return ADMIT
+        if cls is None:
+            cls = _DEFAULT_CLASS
+        slo = policy.slos.get(info.slo)
+        if slo is None:
+            ttft_objective, itl_objective, margin = cls.ttft_s, None, 1.0
+        else:
+            ttft_objective = slo.ttft_s if slo.ttft_s is not None else cls.ttft_s
+            itl_objective, margin = slo.itl_s, slo.margin_ratio
+        if ttft_objective is None and itl_objective is None:
+            return ADMIT
+        factor = margin * cls.headroom_ratio
+        if self._over_share(info.tenant):
+            factor *= policy.over_share_ratio
+        load = self.tracker
+        rate = model.prefill_rate(load.min_prefill_id)
+        ttft_s = (load.min_prefill_tokens + info.prompt_tokens) / rate + model.kv_handoff_s
+        if ttft_objective is not None:
+            allowed = ttft_objective * factor
+            if ttft_s > allowed:
+                return self._reject(
+                    info,
+                    policy,
+                    objective="ttft",
+                    predicted_s=ttft_s,
+                    allowed_s=allowed,
+                    objective_s=ttft_objective,
+                    factor=factor,
+                    wait_s=ttft_s - allowed,
+                )
+        num_decode = load.num_decode or 1
+        running_then = load.decode_streams * math.exp(-ttft_s / model.mean_decode_s)
+        batch = (running_then + load.prefill_requests) / num_decode + 1.0
+        if batch > model.max_decode_batch * factor:
+            wait_s = model.mean_decode_s * (1.0 - model.max_decode_batch * factor / batch)
+            return Decision(
+                False,
+                f"slo {info.slo!r}: predicted decode batch {batch:.1f} when its prefill ends "
+                f"> allowed {model.max_decode_batch * factor:.1f} (max {model.max_decode_batch} "
+                f"for the ITL target x {factor:.2f}; priority {info.priority!r}, policy "
+                f"v{policy.version})",
+                _retry_after(wait_s),
+                info.slo,
+                "batch",
+                batch,
+                model.max_decode_batch * factor,
+            )
+        if itl_objective is not None:
+            itl_s = model.itl_s(batch, batch * model.mean_context_tokens)
+            allowed = itl_objective * factor
+            if itl_s > allowed:
+                excess = 1.0 - allowed / itl_s
+                return self._reject(
+                    info,
+                    policy,
+                    objective="itl",
+                    predicted_s=itl_s,
+                    allowed_s=allowed,
+                    objective_s=itl_objective,
+                    factor=factor,
+                    wait_s=model.mean_decode_s * excess,
+                )
+        return ADMIT
+
+    def _reject(
+        self,
+        info: RequestInfo,
+        policy: AdmissionPolicy,
+        *,
+        objective: str,
+        predicted_s: float,
+        allowed_s: float,
+        objective_s: float,
+        factor: float,
+        wait_s: float,
+    ) -> Decision:
+        name = "TTFT" if objective == "ttft" else "ITL"
+        return Decision(
+            False,
+            f"slo {info.slo!r}: predicted {name} {predicted_s:.3f} s > allowed "
+            f"{allowed_s:.3f} s ({objective_s:g} s objective x {factor:.2f} margin; priority "
+            f"{info.priority!r}, tenant {info.tenant!r}, policy v{policy.version})",
+            _retry_after(wait_s),
+            info.slo,
+            objective,
+            predicted_s,
+            allowed_s,
+        )
+
+    def _over_share(self, tenant: str) -> bool:
+        """Whether one more request would put ``tenant`` above its fair share of the
+        requests in flight."""
+        mine = self._tenants.get(tenant, 0)
+        weight = self._weight(tenant)
+        weights = self._weight_sum + (weight if mine == 0 else 0.0)
+        return (mine + 1) * weights > weight * (self.in_flight + 1) * (1.0 + 1e-9)
+
+    def _admitted(self, tenant: str) -> None:
+        self.in_flight += 1
+        mine = self._tenants.get(tenant, 0)
+        if mine == 0:
+            self._weight_sum += self._weight(tenant)
+        self._tenants[tenant] = mine + 1
+
+    def _rejected(self, policy: AdmissionPolicy, priority: str, reason: str) -> None:
+        self.num_rejected += 1
+        if self._rejections is None:
+            return
+        label = priority if priority in policy.classes else "other"
+        key = (label, "fallback" if reason == "concurrency" else reason)
+        child = self._rejection_children.get(key)
+        if child is None:
+            child = self._rejection_children[key] = self._rejections.labels(*key)
+        child.inc()  # type: ignore[attr-defined]
+
+    def on_finished(self, tenant: str) -> None:
+        """A request this rule admitted has finished (any status but ``REJECTED``)."""
+        mine = self._tenants.get(tenant, 0)
+        if mine <= 0:
+            return  # admitted before this rule was in place
+        self.in_flight = max(0, self.in_flight - 1)
+        if mine == 1:
+            del self._tenants[tenant]
+            self._weight_sum = max(0.0, self._weight_sum - self._weight(tenant))
+        else:
+            self._tenants[tenant] = mine - 1
+
+
+_DEFAULT_CLASS = ClassPolicy()
+
+
+def _retry_after(wait_s: float) -> float:
+    return min(_MAX_RETRY_AFTER_S, max(1.0, wait_s))
+
+
+class AdmissionFeedback:
+    """A record sink that tells the gateway's admission hook which requests finished (the
+    hook's ``on_finished(tenant)``, when it has one). Cheap, never raises."""
+
+    def __init__(self, hook: Callable[[], object]) -> None:
+        self._hook = hook
+
+    def export(self, record: RequestRecord) -> None:
+        if not record.final or record.status == Status.REJECTED:
+            return
+        finished = getattr(self._hook(), "on_finished", None)
+        if finished is not None:
+            finished(record.labels.tenant)
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        del timeout_s
+        return True
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        del timeout_s
+
+
+class _ModeCollector(Collector):
+    """``goodput_gateway_admission_mode{mode}`` (1 for the current mode) and
+    ``goodput_gateway_admission_policy_version``, computed at scrape time."""
+
+    def __init__(self, rule: PolicyAdmission) -> None:
+        self._rule = rule
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        rule = self._rule
+        mode = rule.mode()
+        family = GaugeMetricFamily(
+            "goodput_gateway_admission_mode",
+            "Admission mode: allow_all (no policy yet), policy (a policy within its TTL), "
+            "fallback (the policy expired: a static concurrency cap). 1 for the current one.",
+            labels=["mode"],
+        )
+        for name in MODES:
+            family.add_metric([name], 1.0 if name == mode else 0.0)
+        yield family
+        yield GaugeMetricFamily(
+            "goodput_gateway_admission_policy_version",
+            "Version of the admission policy applied (-1: none yet).",
+            value=-1 if rule.policy is None else rule.policy.version,
+        )
+        yield GaugeMetricFamily(
+            "goodput_gateway_admission_in_flight_requests",
+            "Requests admitted and not finished, as admission counts them.",
+            value=rule.in_flight,
+        )
