@@ -31,16 +31,27 @@ from serving.workers.supervisor import SupervisorSettings, WorkerSupervisor
 
 __all__ = ["PLUGIN_ENV", "register", "worker"]
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sim")
 # What the stat-logger plugin reads inside the vLLM server (serving/vllm_plugin).
 PLUGIN_ENV = ("GOODPUT_CONTROL_PLANE_URL", "GOODPUT_INGEST_KEY")
 
 
 def worker(
     *,
-    model: Annotated[Path, typer.Option(help="model folder (goodput model build-tiny)")],
     port: Annotated[int, typer.Option(help="the vLLM server's port")],
-    engine: Annotated[str, typer.Option(help="serving engine; one of: vllm")] = "vllm",
+    model: Annotated[
+        Path | None, typer.Option(help="model folder (goodput model build-tiny); vllm only")
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="serving engine; one of: vllm, sim (docs/sim-worker.md)")
+    ] = "vllm",
+    profile: Annotated[
+        str, typer.Option(help="sim: the timing-model profile")
+    ] = "h100-llama3.1-8b",
+    sim_config: Annotated[
+        str, typer.Option(help="sim: instance keys of goodput sim --cluster, e.g. jitter=0")
+    ] = "",
+    seed: Annotated[int, typer.Option(help="sim: seed of the step-time jitter")] = 0,
     role: Annotated[Role, typer.Option(help="the pool reported to the control plane")] = Role.BOTH,
     host: Annotated[str, typer.Option(help="address the server binds")] = "127.0.0.1",
     device: Annotated[Device, typer.Option(help="cpu (ExampleConnector) or cuda (Nixl)")] = (
@@ -52,7 +63,9 @@ def worker(
     ] = None,
     served_model_name: Annotated[str | None, typer.Option(help="default: folder name")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="vLLM --max-num-seqs")] = None,
-    max_model_len: Annotated[int, typer.Option(help="vLLM --max-model-len")] = 2048,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="vLLM --max-model-len (2048); sim: the KV capacity")
+    ] = None,
     compile_model: Annotated[
         bool, typer.Option("--compile/--eager", help="torch.compile (slow start) or eager")
     ] = False,
@@ -78,6 +91,21 @@ def worker(
     if engine not in ENGINES:
         typer.echo(f"error: --engine must be one of {', '.join(ENGINES)}, got {engine!r}", err=True)
         raise typer.Exit(code=2)
+    if engine == "sim":
+        from serving.sim.worker.cli import cli_main
+
+        cli_main(
+            profile=profile, port=port, host=host, role=role, sim_config=sim_config,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            served_model_name=served_model_name, kv_dir=kv_dir, seed=seed,
+            control_plane=control_plane, agent_key=agent_key, ingest_key=ingest_key,
+            member_id=member_id,
+            advertise_url=advertise_url, heartbeat_interval_s=heartbeat_interval_s,
+        )  # fmt: skip
+        return
+    if model is None:
+        typer.echo("error: --model is required with --engine vllm", err=True)
+        raise typer.Exit(code=2)
     engine_env = {}
     if control_plane and ingest_key:
         engine_env = dict(zip(PLUGIN_ENV, (control_plane, ingest_key), strict=True))
@@ -90,7 +118,7 @@ def worker(
             kv_dir=kv_dir.resolve() if kv_dir else None,
             cpu=cpu,
             served_model_name=served_model_name,
-            max_model_len=max_model_len,
+            max_model_len=max_model_len or 2048,
             max_num_seqs=max_num_seqs,
             enforce_eager=not compile_model,
             engine_env=engine_env,
