@@ -1,0 +1,207 @@
+"""``goodput worker --engine sim``: one sim worker in the foreground (docs/sim-worker.md).
+
+    goodput worker --engine sim --profile h100-llama3.1-8b --role prefill|decode|both \\
+        --port P [--host H] [--kv-dir DIR] [--sim-config 'strategy=chunked,jitter=0.02']
+        [--max-num-seqs N] [--max-model-len L] [--served-model-name NAME] [--seed S]
+        [--control-plane URL --agent-key KEY] [--member-id ID] [--advertise-url URL]
+
+``serving.workers.cli.worker`` parses the shared options and calls :func:`run_sim_worker`.
+``--sim-config`` takes the instance keys of ``goodput sim --cluster`` (strategy, max_seqs,
+max_batched_tokens, batch_size, batch_window, kv_tokens, memory_utilization, prefix_cache,
+jitter, link), so a sim worker and a simulated instance are configured alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from exporters.commands import Role
+from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
+from serving.sim.instance import InstanceConfig
+from serving.sim.latency_model import LatencyModel, get_profile, profile_names
+from serving.sim.worker.control import SimWorkerControl
+from serving.sim.worker.engine import SimEngine
+from serving.sim.worker.handoff import KVHandoff
+from serving.sim.worker.server import ServerSettings, create_app
+from serving.workers.agent import Agent, AgentSettings
+
+__all__ = [
+    "SimWorkerError",
+    "SimWorkerSpec",
+    "build_worker",
+    "cli_main",
+    "parse_sim_config",
+    "run_sim_worker",
+]
+
+# Llama 3.1's context; a smaller KV capacity lowers the default (vLLM refuses to start
+# when max_model_len exceeds what its KV cache holds).
+DEFAULT_MAX_MODEL_LEN = 131_072
+_FORBIDDEN = ("prefill", "decode", "gpu", "model", "tp", "gpus_per_node")
+
+
+class SimWorkerError(ValueError):
+    """A sim worker that cannot start as asked; the message names the option."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkerSpec:
+    """Everything one sim worker is started with (see the module docstring)."""
+
+    profile: str = "h100-llama3.1-8b"
+    port: int = 8100
+    host: str = "127.0.0.1"
+    role: Role = Role.BOTH
+    sim_config: str = ""
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+    kv_dir: Path | None = None
+    seed: int = 0
+    control_plane: str | None = None  # with ingest_key: engine records shipped there
+    ingest_key: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def parse_sim_config(text: str) -> tuple[InstanceConfig, str]:
+    """The instance configuration and KV link of a ``--sim-config`` string."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    for part in parts:
+        key = part.partition("=")[0].strip().lower()
+        if key in _FORBIDDEN:
+            raise SimWorkerError(
+                f"--sim-config: {key!r} is not an instance setting (the profile names the GPU, "
+                f"model and tp; the worker is one instance); allowed keys: strategy, max_seqs, "
+                "max_batched_tokens, batch_size, batch_window, kv_tokens, memory_utilization, "
+                "prefix_cache, jitter, link"
+            )
+    try:
+        spec = parse_cluster(",".join(["prefill=1", "decode=1", *parts]))
+    except ClusterSpecError as exc:
+        raise SimWorkerError(f"--sim-config: {exc}") from None
+    link = "nvlink" if spec.link == "auto" else spec.link  # one prefill-decode pair, one node
+    return spec.instance, link
+
+
+def build_worker(
+    spec: SimWorkerSpec,
+) -> tuple[SimEngine, ServerSettings, KVHandoff, SimWorkerControl]:
+    """The engine, server settings, hand-off and control of ``spec`` (validated)."""
+    try:
+        profile = get_profile(spec.profile)
+    except KeyError:
+        raise SimWorkerError(
+            f"--profile: unknown profile {spec.profile!r}; known: {', '.join(profile_names())}"
+        ) from None
+    config, link = parse_sim_config(spec.sim_config)
+    if spec.max_num_seqs is not None:
+        if spec.max_num_seqs < 1:
+            raise SimWorkerError(f"--max-num-seqs: must be >= 1, got {spec.max_num_seqs}")
+        config = replace(config, max_num_seqs=spec.max_num_seqs)
+    latency = LatencyModel(profile)
+    try:
+        engine = SimEngine(latency, config, link=link, seed=spec.seed, name=spec.url)
+    except ValueError as exc:
+        raise SimWorkerError(f"--profile/--sim-config: {exc}") from None
+    capacity = engine.max_context_tokens
+    max_len = spec.max_model_len or min(DEFAULT_MAX_MODEL_LEN, capacity)
+    if not 2 <= max_len <= capacity:
+        raise SimWorkerError(
+            f"--max-model-len: must be in [2, {capacity}] (the KV cache holds {capacity} "
+            f"tokens), got {max_len}"
+        )
+    settings = ServerSettings(
+        served_model_name=spec.served_model_name or latency.model.name,
+        max_model_len=max_len,
+        profile=profile.name,
+    )
+    handoff = KVHandoff(
+        engine_id=f"sim-{spec.host}:{spec.port}",
+        host=spec.host,
+        port=spec.port,
+        block_size=config.block_size,
+        tp_size=latency.tensor_parallel,
+        folder=spec.kv_dir,
+    )
+    return engine, settings, handoff, SimWorkerControl(engine, spec.role)
+
+
+def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> None:
+    """Serve ``spec`` with uvicorn until SIGINT/SIGTERM; registers and beats with
+    ``agent``'s control plane when given."""
+    import uvicorn
+
+    engine, settings, handoff, control = build_worker(spec)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    runner = None
+    if agent is not None:
+        agent = replace(agent, model=settings.served_model_name)
+        runner = Agent(agent, report=control.report, apply=control.apply_command)
+    app = create_app(
+        engine,
+        settings,
+        handoff,
+        control,
+        on_start=runner.start if runner is not None else None,
+        on_stop=runner.stop if runner is not None else None,
+    )
+    logging.getLogger(__name__).info(
+        "sim worker %s: %s (%s batching, max_num_seqs %d, KV %d tokens, max_model_len %d, "
+        "link %s), role %s, model %r",
+        spec.url, settings.profile, engine.config.strategy.value, engine.config.max_num_seqs,
+        engine.max_context_tokens, settings.max_model_len, engine.link.name, spec.role.value,
+        settings.served_model_name,
+    )  # fmt: skip
+    uvicorn.run(app, host=spec.host, port=spec.port, log_level="warning", access_log=False)
+
+
+def cli_main(
+    *,
+    profile: str,
+    port: int,
+    host: str,
+    role: Role,
+    sim_config: str,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+    served_model_name: str | None,
+    kv_dir: Path | None,
+    seed: int,
+    control_plane: str | None,
+    agent_key: str | None,
+    ingest_key: str | None,
+    member_id: str | None,
+    advertise_url: str | None,
+    heartbeat_interval_s: float,
+) -> None:
+    """``goodput worker --engine sim`` after the shared options are parsed: exit code 2
+    with the message on invalid input."""
+    import typer
+
+    spec = SimWorkerSpec(
+        profile=profile, port=port, host=host, role=Role(role), sim_config=sim_config,
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        served_model_name=served_model_name, kv_dir=kv_dir.resolve() if kv_dir else None,
+        seed=seed, control_plane=control_plane, ingest_key=ingest_key,
+    )  # fmt: skip
+    try:
+        agent = None
+        if control_plane:
+            agent = AgentSettings(
+                url=control_plane,
+                key=agent_key,
+                member_id=member_id or f"{host}:{port}",
+                endpoint=advertise_url or spec.url,
+                heartbeat_interval_s=heartbeat_interval_s,
+            )
+        build_worker(spec)  # validate before serving
+    except (SimWorkerError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    run_sim_worker(spec, agent)
