@@ -9,11 +9,16 @@ simulator (``serving.sim.control.planner``) run this same function.
 ``itl(b, C) = a + β·b + c·C`` for ``b`` running sequences holding ``C`` context tokens,
 KV handoff ``h``):
 
-* *TTFT* — each prefill instance is an M/D/1 queue: arrivals ``λ/n_p``, service time
-  ``D = (P/λ)/r`` (the mean prompt at the instance's rate), utilisation
+* *TTFT* — each prefill instance is a single-server queue: arrivals ``λ/n_p``, service
+  time ``D = (P/λ)/r`` (the mean prompt at the instance's rate), utilisation
   ``ρ_p = P/(n_p·r)``. The wait is 0 with probability ``1 − ρ_p`` and otherwise roughly
-  exponential with mean ``D/(2(1 − ρ_p))`` (the M/D/1 mean wait ``ρD/(2(1 − ρ))`` divided by
-  ``ρ``), so ``P(TTFT > T) ≈ ρ_p·exp(−2(1 − ρ_p)·s/D)`` with slack ``s = T − D − h − B``,
+  exponential with mean ``v·D/(1 − ρ_p)``, where ``v = (c_a² + c_s²)/2`` (Kingman's
+  G/G/1 factor: ``v = 1/2`` for Poisson arrivals of equal prompts, the M/D/1 mean wait
+  ``ρD/(2(1 − ρ))``; bursty arrivals make it much larger), so
+  ``P(TTFT > T) ≈ ρ_p·exp(−(1 − ρ_p)·s/(v·D))`` with slack ``s = T − D − h − B``.
+  For bursty arrivals (``c_a² > 1``) the probability of waiting is ``min(1, ρ_p·c_a²)``
+  rather than ``ρ_p`` (in a burst nearly everyone waits), the tail's mean scaled to keep
+  the Kingman mean,
   where ``B`` is the backlog already queued beyond the steady state (queued prefill tokens
   ÷ pool rate, less the mean wait). ``ρ_p ≥ 1``: the queue grows without bound, 0.
 * *ITL* — Little's law on a decode instance: ``b = (O/n_d)·itl(b)``, so
@@ -147,14 +152,25 @@ class SLOTargets:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What arrives (per second, over the recent window)."""
+    """What arrives (per second, over the recent window). ``arrival_scv`` and
+    ``service_scv`` are the squared coefficients of variation of the inter-arrival times and
+    of the prompt lengths (1 and 0: Poisson arrivals of equal prompts, the M/D/1 case);
+    bursty traces have ``arrival_scv`` far above 1."""
 
     requests_per_s: float
     prompt_tokens_per_s: float
     output_tokens_per_s: float
+    arrival_scv: float = 1.0
+    service_scv: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s"):
+        for name in (
+            "requests_per_s",
+            "prompt_tokens_per_s",
+            "output_tokens_per_s",
+            "arrival_scv",
+            "service_scv",
+        ):
             _positive(name, getattr(self, name), allow_zero=True)
 
 
@@ -216,6 +232,7 @@ class PlannerSnapshot:
     demand: Demand
     model: ServiceModel
     slo: SLOTargets
+    observed_ttft_attainment_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,24 +331,32 @@ def predict_splits(
     queued_prefill_tokens: float = 0.0,
     running_streams: float = 0.0,
     context_per_stream: float = 0.0,
+    ttft_correction: float = 1.0,
 ) -> dict[str, F64]:
     """The model's figures for each candidate split (arrays of equal length): see the
     module docstring. ``prefill_rate`` is the mean per-instance prefill rate of the fleet."""
     n_p = np.maximum(np.asarray(num_prefill, dtype=np.float64), _EPS)
     n_d = np.maximum(np.asarray(num_decode, dtype=np.float64), _EPS)
     lam = demand.requests_per_s
-    # -- prefill: M/D/1 per instance
+    # -- prefill: a G/G/1 queue per instance (M/D/1 for Poisson arrivals of equal prompts)
     mean_prompt = demand.prompt_tokens_per_s / lam if lam > 0 else 0.0
     service_s = mean_prompt / prefill_rate
     rho_p = demand.prompt_tokens_per_s / (n_p * prefill_rate)
     stable_p = rho_p < 1.0
     safe_rho = np.where(stable_p, rho_p, 0.5)
-    mean_wait = np.where(stable_p, safe_rho * service_s / (2.0 * (1.0 - safe_rho)), np.inf)
+    burst = max(demand.arrival_scv, 0.1) * ttft_correction  # effective c_a²
+    # Kingman: the mean wait scales with v = (c_a² + c_s²)/2 (1/2 for M/D/1).
+    variability = max((burst + demand.service_scv) / 2.0, 0.05)
+    mean_wait = np.where(stable_p, safe_rho * service_s * variability / (1.0 - safe_rho), np.inf)
+    # P(wait > 0): ρ for Poisson arrivals (PASTA); within bursts nearly everyone waits.
+    p_wait = np.minimum(safe_rho * max(burst, 1.0), 1.0)
     backlog_s = np.maximum(queued_prefill_tokens / (n_p * prefill_rate) - mean_wait, 0.0)
     slack = slo.ttft_s - service_s - model.kv_handoff_s - backlog_s
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        scale = 2.0 * (1.0 - safe_rho) / max(service_s, _EPS)
-        tail = np.where(slack >= 0, safe_rho * np.exp(-scale * np.maximum(slack, 0.0)), 1.0)
+        conditional_wait = np.maximum(mean_wait / np.maximum(p_wait, _EPS), _EPS)
+        tail = np.where(
+            slack >= 0, p_wait * np.exp(-np.maximum(slack, 0.0) / conditional_wait), 1.0
+        )
     ttft_ok = np.where(stable_p & (slack >= 0), 1.0 - np.clip(tail, 0.0, 1.0), 0.0)
     # -- decode: Little's law on the ITL model
     beta = model.itl_per_seq_s + model.itl_per_context_token_s * context_per_stream
@@ -368,6 +393,33 @@ def predict_splits(
 
 def _at(figures: Mapping[str, F64], i: int) -> SplitPrediction:
     return SplitPrediction(**{name: float(values[i]) for name, values in figures.items()})
+
+
+_CORRECTIONS = np.geomspace(1.0, 1024.0, 41)
+
+
+def _ttft_correction(
+    observed: float | None, cur_p: float, cur_d: float, common: Mapping[str, Any]
+) -> float:
+    """The smallest factor on the arrivals' burstiness (1 to 1024, in steps of 2^¼) at
+    which the current split's predicted TTFT attainment drops to the observed one: a
+    correction like Dynamo's ``actual/expected``, for what the model misses (bursts beyond
+    the measured ones, prompt-length tails). Only ever makes prefill look slower."""
+    if observed is None or not math.isfinite(observed):
+        return 1.0
+    size = _CORRECTIONS.size
+    predicted = np.array(
+        [
+            predict_splits(
+                np.array([cur_p]), np.array([cur_d]), ttft_correction=float(k), **common
+            )["ttft_attainment_ratio"][0]
+            for k in _CORRECTIONS
+        ]
+    )
+    if predicted[0] <= observed + 0.01:
+        return 1.0
+    below = np.nonzero(predicted <= observed)[0]
+    return float(_CORRECTIONS[below[0] if below.size else size - 1])
 
 
 def _eligible(inst: InstanceLoad, now_s: float, config: PlannerConfig) -> bool:
@@ -415,16 +467,21 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
     low = -min(len(by_role[Role.PREFILL]), max(math.floor(cur_p) - config.min_pool_size, 0))
     high = min(len(by_role[Role.DECODE]), max(math.floor(cur_d) - config.min_pool_size, 0))
     shifts = np.arange(low, high + 1, dtype=np.int64)
+    common = {
+        "demand": demand,
+        "model": snapshot.model,
+        "slo": snapshot.slo,
+        "prefill_rate": rate,
+        "queued_prefill_tokens": queued,
+        "running_streams": streams,
+        "context_per_stream": context_per_stream,
+    }
+    correction = _ttft_correction(snapshot.observed_ttft_attainment_ratio, cur_p, cur_d, common)
     figures = predict_splits(
         (cur_p + shifts).astype(np.float64),
         (cur_d - shifts).astype(np.float64),
-        demand=demand,
-        model=snapshot.model,
-        slo=snapshot.slo,
-        prefill_rate=rate,
-        queued_prefill_tokens=queued,
-        running_streams=streams,
-        context_per_stream=context_per_stream,
+        ttft_correction=correction,
+        **common,  # type: ignore[arg-type]
     )
     zero = int(-low)
     goodput = figures["goodput_rps"]
@@ -443,6 +500,8 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         "running_streams": streams,
         "context_per_stream": context_per_stream,
         "prefill_rate_tokens_per_s": rate,
+        "ttft_correction": correction,
+        "observed_ttft_attainment_ratio": snapshot.observed_ttft_attainment_ratio,
         "movable": {"prefill": len(by_role[Role.PREFILL]), "decode": len(by_role[Role.DECODE])},
     }
     if demand.requests_per_s <= 0:
