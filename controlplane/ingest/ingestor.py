@@ -7,7 +7,10 @@ under one lock, so two copies of a batch racing on two connections count once. T
 is per batch: a few numpy passes for the counts and the tenant check, no Python per record.
 
 Outcomes are counted by protocol (``wire``, ``otlp``) and exposed to Prometheus by
-:class:`IngestCollector`.
+:class:`IngestCollector`. Control loops that learn from the records (the PD planner's
+demand, admission's latency model) register a listener (:meth:`Ingestor.add_listener`):
+it gets every applied batch, after the engine, under the lock; one that raises is logged
+and counted (``listener_failures``) and never fails the ingest.
 
 Example::
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +102,17 @@ class Ingestor:
         self._lock = threading.Lock()
         self._counts = _Counts()
         self._warned_stale: set[str] = set()
+        self._listeners: list[Callable[[RecordBatch], None]] = []
+        self.listener_failures = 0
+
+    def add_listener(self, listener: Callable[[RecordBatch], None]) -> None:
+        """Call ``listener(batch)`` with every batch applied from now on (keep it cheap:
+        it runs under the ingest lock)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[RecordBatch], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def apply(
         self,
@@ -224,6 +238,12 @@ class Ingestor:
                 f"the goodput engine failed on this batch ({type(exc).__name__}); "
                 "nothing was marked applied, retry later"
             ) from exc
+        for listener in self._listeners:
+            try:
+                listener(batch)
+            except Exception:  # a control loop's bug must not fail ingest
+                self.listener_failures += 1
+                logger.exception("ingest listener %r failed", listener)
         num_tokens = int(batch.emission_tokens.sum(dtype=np.int64))
         counts = self._counts
         self._count(protocol, "applied", num_bytes)
