@@ -371,24 +371,28 @@ def demo(
         str,
         typer.Option(
             help="model: token times from the latency model (fast, no vLLM); vllm: the full "
-            "stack, real vLLM prefill + decode behind the PD gateway (goodput/demo_stack.py)"
+            "stack, real vLLM prefill + decode behind the PD gateway (goodput/demo_stack.py); "
+            "sim: the same stack on H100 Llama-3.1-8B sim workers (docs/sim-worker.md)"
         ),
     ] = "model",
     rate_scale: Annotated[
-        float, typer.Option(min=0.001, help="--engine vllm: times the trace's request rate")
-    ] = 0.1,
+        float | None,
+        typer.Option(
+            min=0.001, help="--engine vllm|sim: times the trace's request rate (0.1; sim 1)"
+        ),
+    ] = None,
 ) -> None:
     """Replay the Azure LLM trace into a local control plane and print live goodput."""
-    if engine not in ("model", "vllm"):
-        typer.echo(f"error: --engine must be 'model' or 'vllm', got {engine!r}", err=True)
+    if engine not in ("model", "vllm", "sim"):
+        typer.echo(f"error: --engine must be 'model', 'vllm' or 'sim', got {engine!r}", err=True)
         raise typer.Exit(code=2)
-    if engine == "vllm":
+    if engine in ("vllm", "sim"):
         from goodput.demo_stack import StackOptions, run_demo_stack
 
         stack = StackOptions(
             directory=directory, duration_s=duration, host=host, port=port, trace=trace,
-            rate_scale=rate_scale, interval_s=interval, window=window, slo_file=slo_file,
-            fresh=fresh,
+            rate_scale=rate_scale or (1.0 if engine == "sim" else 0.1), interval_s=interval,
+            window=window, slo_file=slo_file, fresh=fresh, engine=engine,
         )  # fmt: skip
         raise typer.Exit(run_demo_stack(stack))
     options = DemoOptions(

@@ -41,6 +41,9 @@ __all__ = ["SERVED_MODEL", "StackOptions", "run_demo_stack"]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SLO_FILE = REPO_ROOT / "examples" / "demo-slo.yaml"
 SERVED_MODEL = "tiny-llama"
+# --engine sim: H100 Llama-3.1-8B sim workers (docs/sim-worker.md); no model to build.
+SIM_PROFILE = "h100-llama3.1-8b"
+SIM_SERVED_MODEL = "llama-3.1-8b"
 READY_TIMEOUT_S = 300.0  # two vLLM instances starting at once on a busy 2-core machine
 HEADER = "  time   req/s  goodput  attainment    burn  p99 TTFT   p99 ITL  finished  failed"
 
@@ -62,6 +65,11 @@ class StackOptions:
     window: str = "1m"
     slo_file: Path = DEFAULT_SLO_FILE
     fresh: bool = False
+    engine: str = "vllm"  # or "sim": sim workers instead of vLLM
+
+    @property
+    def served_model(self) -> str:
+        return SIM_SERVED_MODEL if self.engine == "sim" else SERVED_MODEL
 
 
 def run_demo_stack(options: StackOptions, out: IO[str] | None = None) -> int:
@@ -110,13 +118,13 @@ def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: S
         slo = yaml.safe_load(options.slo_file.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise DemoError(f"cannot read the SLO file {options.slo_file}: {exc}") from None
-    slo.setdefault("selector", {})["model"] = SERVED_MODEL
+    slo.setdefault("selector", {})["model"] = options.served_model
     slo_path = directory / "demo-slo.yaml"
     slo_path.write_text(yaml.safe_dump(slo, sort_keys=False), encoding="utf-8")
     applied = run_cli(env, "slo", "apply", "-f", str(slo_path)).split()
     if len(applied) < 2:
         raise DemoError(f"`goodput slo apply` printed no SLO for {slo_path}")
-    say(f"goodput demo: SLO {applied[1]} applied for model {SERVED_MODEL} ({slo_path})")
+    say(f"goodput demo: SLO {applied[1]} applied for model {options.served_model} ({slo_path})")
     return keys
 
 
@@ -130,12 +138,15 @@ def _run(
     if options.fresh:
         for path in directory.glob("goodput.db*"):
             path.unlink()
-    say("goodput demo: the full stack (control plane, vLLM prefill + decode, PD gateway)")
+    sim = options.engine == "sim"
+    engines = f"{SIM_PROFILE} sim" if sim else "vLLM"
+    say(f"goodput demo: the full stack (control plane, {engines} prefill + decode, PD gateway)")
     env = {**os.environ, "GOODPUT_DATABASE_URL": f"sqlite:///{directory / 'goodput.db'}"}
     # In a child process: the demo itself stays free of the builder's threads and imports
     # (its children are forked from it). Returns at once when the model is there.
     model_dir = default_model_dir()
-    run_cli(env, "model", "build-tiny", str(model_dir), timeout_s=600.0)
+    if not sim:
+        run_cli(env, "model", "build-tiny", str(model_dir), timeout_s=600.0)
     keys = _prepare(options, directory, env, say)
     if stop.is_set():
         return 0
@@ -159,6 +170,14 @@ def _run(
     workers = {}
     for core, role in enumerate(("prefill", "decode")):
         port = pick_port(host, 0)
+        if sim:
+            workers[role] = (f"http://{host}:{port}", start(role, [
+                "worker", "--engine", "sim", "--profile", SIM_PROFILE, "--port", str(port),
+                "--host", host, "--role", role, "--kv-dir", str(kv_dir),
+                "--served-model-name", SIM_SERVED_MODEL, "--control-plane", cp_url,
+                "--agent-key", keys.agent, "--seed", str(core),
+            ]))  # fmt: skip
+            continue
         workers[role] = (f"http://{host}:{port}", start(role, [
             "worker", "--model", str(model_dir), "--port", str(port), "--host", host,
             "--role", role, "--cpu", str(core), "--kv-dir", str(kv_dir),
@@ -235,7 +254,7 @@ def _replay(
         duration_s=options.duration_s or 24 * 3600.0,
         start_s=options.start_s,
         slo="ttft=0.2,itl=0.05",
-        model=SERVED_MODEL,
+        model=options.served_model,
         progress=False,
         out=directory / "bench.json",
         request_id_prefix=f"demo-{int(time.time())}",
@@ -244,7 +263,12 @@ def _replay(
     def replay() -> None:
         try:
             with open(directory / "bench.log", "a", encoding="utf-8") as log:
-                result.update(run_bench(bench, log, stop=stop, on_record=on_record))
+                if options.engine == "sim":  # word prompts: no tokenizer to load
+                    from serving.sim.worker.replay import run_word_bench
+
+                    result.update(run_word_bench(bench, log, stop=stop, on_record=on_record))
+                else:
+                    result.update(run_bench(bench, log, stop=stop, on_record=on_record))
         except (BenchError, ValueError) as exc:
             failure.append(exc)
 
