@@ -1,0 +1,188 @@
+"""One evaluation run: a (scenario, split, rate, policy) in the simulator, judged per request.
+
+Goodput here is **good requests per second of arrivals**: the requests that arrive in a
+window and turn out good, divided by the window's length — so a request that arrives in
+the run and finishes late, in the drain after the last arrival, still counts where it
+arrived, and a run is never credited for the time it takes to drain a backlog. Attainment
+is good / judged (admitted, finished OK or in error); rejected requests are not judged,
+and are reported beside goodput (``rejected_ratio``) so that shedding never passes for
+service. Every request is judged with ``exporters.slo.judge`` on the run's records (the
+goodput engine's own verdicts), then windows are cut by arrival time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from exporters.records import RecordBatch, Status
+from exporters.slo import judge
+from serving.sim.cluster import NoControl, SimPolicy, Simulator, Workload, build_workload
+from serving.sim.control.eval.observe import RoleChange, RoleChangeObserver
+from serving.sim.control.eval.scenario import Scenario, cached_trace
+
+__all__ = ["RunOutcome", "WindowStats", "run_policy", "scenario_workload"]
+
+F64 = npt.NDArray[np.float64]
+B = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Requests arriving in ``[start_s, end_s)``: offered, judged, good, rejected."""
+
+    start_s: float
+    end_s: float
+    offered: int
+    judged: int
+    good: int
+    rejected: int
+
+    @property
+    def goodput_rps(self) -> float:
+        span = self.end_s - self.start_s
+        return self.good / span if span > 0 else 0.0
+
+    @property
+    def attainment_ratio(self) -> float:
+        """good / judged; 1.0 when nothing was judged (nothing was served badly)."""
+        return self.good / self.judged if self.judged else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What one run gave: the whole run's window stats, role changes, and per-request
+    columns (arrival, good, judged, rejected) for other windows."""
+
+    policy: str
+    split: tuple[int, int]
+    rate_scale: float
+    duration_s: float
+    total: WindowStats
+    role_changes: tuple[RoleChange, ...]
+    moved_jobs: int
+    dropped_jobs: int
+    end_s: float
+    wall_s: float
+    arrival_s: F64
+    good: B
+    judged: B
+    rejected: B
+
+    @property
+    def goodput_rps(self) -> float:
+        return self.total.goodput_rps
+
+    @property
+    def attainment_ratio(self) -> float:
+        return self.total.attainment_ratio
+
+    @property
+    def rejected_ratio(self) -> float:
+        return self.total.rejected / self.total.offered if self.total.offered else 0.0
+
+    @property
+    def role_changes_per_h(self) -> float:
+        return len(self.role_changes) * 3600.0 / self.duration_s
+
+    def window(self, start_s: float, end_s: float) -> WindowStats:
+        """Stats of the requests arriving in ``[start_s, end_s)``."""
+        rows = (self.arrival_s >= start_s) & (self.arrival_s < end_s)
+        return WindowStats(
+            start_s=start_s,
+            end_s=end_s,
+            offered=int(rows.sum()),
+            judged=int((rows & self.judged).sum()),
+            good=int((rows & self.good).sum()),
+            rejected=int((rows & self.rejected).sum()),
+        )
+
+    def row(self) -> dict[str, object]:
+        """A JSON-ready summary (no per-request columns)."""
+        return {
+            "policy": self.policy,
+            "split": f"{self.split[0]}P:{self.split[1]}D",
+            "rate_scale": round(self.rate_scale, 4),
+            "goodput_rps": round(self.goodput_rps, 4),
+            "attainment_ratio": round(self.attainment_ratio, 4),
+            "rejected_ratio": round(self.rejected_ratio, 4),
+            "role_changes": len(self.role_changes),
+            "dropped_jobs": self.dropped_jobs,
+        }
+
+
+def scenario_workload(
+    scenario: Scenario,
+    rate_scale: float,
+    transform: Callable[[Workload], Workload] | None = None,
+) -> Workload:
+    """The scenario's trace at ``rate_scale`` for its duration, optionally transformed."""
+    work = build_workload(
+        cached_trace(scenario.trace), rate_scale=rate_scale, duration_s=scenario.duration_s
+    )
+    return transform(work) if transform is not None else work
+
+
+def _verdict_columns(batch: RecordBatch, scenario: Scenario, epoch_s: float) -> tuple[F64, B, B, B]:
+    verdicts = judge(batch, list(scenario.objectives))
+    arrival = batch.arrival_time_ns.astype(np.float64) / 1e9 - epoch_s
+    rejected = batch.status == Status.REJECTED
+    return arrival, verdicts.good, verdicts.judged, rejected
+
+
+def run_policy(
+    scenario: Scenario,
+    split: tuple[int, int],
+    rate_scale: float,
+    policy: SimPolicy | None = None,
+    *,
+    name: str = "",
+    transform: Callable[[Workload], Workload] | None = None,
+) -> RunOutcome:
+    """Simulate ``policy`` (``None``: no control) on ``split`` at ``rate_scale`` and judge
+    every request (see the module docstring)."""
+    wall0 = time.perf_counter()
+    work = scenario_workload(scenario, rate_scale, transform)
+    observer: RoleChangeObserver | None = None
+    sim_policy: SimPolicy = NoControl()
+    sample = None
+    if policy is not None and not isinstance(policy, NoControl):
+        observer = RoleChangeObserver(policy)
+        sim_policy = observer
+        # The simulator plans on its sampling tick: make the tick no coarser than the policy.
+        sample = min(float(policy.interval_s), scenario.duration_s / 500.0)
+    options = scenario.options(sample_interval_s=sample)
+    sim = Simulator(scenario.spec(split), work, options, sim_policy)
+    if observer is not None:
+        observer.bind(sim.instances)
+    result = sim.run()
+    batch = RecordBatch.concat(result.records or [])
+    arrival, good, judged, rejected = _verdict_columns(batch, scenario, options.epoch_s)
+    outcome = RunOutcome(
+        policy=name or ("none" if policy is None else type(policy).__name__),
+        split=split,
+        rate_scale=rate_scale,
+        duration_s=scenario.duration_s,
+        total=WindowStats(
+            start_s=0.0,
+            end_s=scenario.duration_s,
+            offered=len(batch),
+            judged=int(judged.sum()),
+            good=int(good.sum()),
+            rejected=int(rejected.sum()),
+        ),
+        role_changes=tuple(observer.changes) if observer else (),
+        moved_jobs=len(observer.held) if observer else 0,
+        dropped_jobs=len(observer.dropped_jobs()) if observer else 0,
+        end_s=result.end_s,
+        wall_s=time.perf_counter() - wall0,
+        arrival_s=arrival,
+        good=good,
+        judged=judged,
+        rejected=rejected,
+    )
+    return outcome
