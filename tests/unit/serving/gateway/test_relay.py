@@ -355,28 +355,6 @@ class _FakeRequest:
         self.url = httpx.URL(f"http://gw{path}")
 
 
-async def test_the_records_sink_is_woken_after_new_records() -> None:
-    class CountingSink(InMemorySink):
-        def __init__(self) -> None:
-            super().__init__()
-            self.flushes: list[float] = []
-
-        def force_flush(self, timeout_s: float = 10.0) -> bool:
-            self.flushes.append(timeout_s)
-            return True
-
-    sink = CountingSink()
-    config = GatewayConfig(colocated=(D1,), record_flush_interval_s=0.01)
-    app = create_app(config, sink=sink, transport=FakeUpstreams(D1).transport)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw")
-    async with app.router.lifespan_context(app), client:
-        await asyncio.sleep(0.05)
-        assert sink.flushes == []  # nothing new, nothing to send
-        await client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1})
-        await asyncio.sleep(0.05)
-        assert sink.flushes == [0.0]  # one wake, without waiting for the send
-
-
 async def test_a_non_streaming_answer_that_breaks_is_a_502(pd: Harness) -> None:
     async def broken(request: httpx.Request) -> httpx.Response:
         if json.loads(request.content).get("max_tokens") == 1:  # the prefill answers
