@@ -8,11 +8,13 @@ while the database is at another one, and a test checks it is the migrations' he
 from controlplane.db import Base
 from controlplane.models.api_key import APIKey
 from controlplane.models.audit import AuditLog
+from controlplane.models.automation import Automation, RoleMove, RolePin
 from controlplane.models.enums import (
     CommandState,
     FleetKind,
     FleetRole,
     FleetState,
+    MoveState,
     Role,
     SLOVantage,
 )
@@ -25,6 +27,7 @@ __all__ = [
     "SLO",
     "APIKey",
     "AuditLog",
+    "Automation",
     "Base",
     "Command",
     "CommandState",
@@ -33,9 +36,12 @@ __all__ = [
     "FleetRole",
     "FleetState",
     "GoodputRollup",
+    "MoveState",
     "Role",
+    "RoleMove",
+    "RolePin",
     "SLOVantage",
     "SLOVersion",
 ]
 
-SCHEMA_REVISION = "0001_initial"
+SCHEMA_REVISION = "0002_automation"

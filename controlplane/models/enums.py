@@ -12,6 +12,7 @@ __all__ = [
     "FleetKind",
     "FleetRole",
     "FleetState",
+    "MoveState",
     "Role",
     "SLOVantage",
     "enum_type",
@@ -62,6 +63,16 @@ class CommandState(StrEnum):
     ACKED = "acked"
     FAILED = "failed"
     EXPIRED = "expired"
+
+
+class MoveState(StrEnum):
+    """Where a role move stands (``controlplane.models.automation.RoleMove``)."""
+
+    DRAINING = "draining"
+    SWITCHING = "switching"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 def enum_type(enum_cls: type[StrEnum], name: str) -> sa.Enum:

@@ -68,5 +68,9 @@ class Command(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
     version: Mapped[int] = mapped_column(sa.Integer, default=1)
+    # The role move this command carries out (planner and manual moves), if any.
+    move_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUIDString, sa.ForeignKey("role_move.id", ondelete="SET NULL"), default=None, index=True
+    )
 
     member: Mapped[FleetMember] = relationship(back_populates="commands", lazy="raise")

@@ -18,7 +18,18 @@ from .conftest import create_schema, drop_schema, schema_url
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"slo", "slo_version", "api_key", "audit_log", "fleet_member", "command", "goodput_rollup"}
+TABLES = {
+    "slo",
+    "slo_version",
+    "api_key",
+    "audit_log",
+    "fleet_member",
+    "command",
+    "goodput_rollup",
+    "automation",
+    "role_pin",
+    "role_move",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 
 from controlplane.db import create_engine_for
+from controlplane.models import SCHEMA_REVISION
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ async def test_ready_names_backend_and_revision(app: FastAPI, client: httpx.Asyn
     assert response.json() == {
         "status": "ready",
         "database": app.state.engine.dialect.name,
-        "schema_revision": "0001_initial",
+        "schema_revision": SCHEMA_REVISION,
     }
 
 
@@ -32,11 +33,13 @@ async def test_not_ready_at_another_schema_revision(
         response = await client.get("/ready")
     finally:
         async with app.state.engine.begin() as conn:
-            await conn.execute(sa.text("UPDATE alembic_version SET version_num = '0001_initial'"))
+            await conn.execute(
+                sa.text(f"UPDATE alembic_version SET version_num = '{SCHEMA_REVISION}'")
+            )
     assert response.status_code == 503
     assert response.json() == {
         "detail": "not ready: database schema is at revision '0000_old', this control plane "
-        "needs '0001_initial'; run `goodput db upgrade`"
+        f"needs '{SCHEMA_REVISION}'; run `goodput db upgrade`"
     }
 
 

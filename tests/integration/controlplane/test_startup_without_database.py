@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from controlplane.db import create_engine_for, session_factory, sync_url, utcnow
 from controlplane.live import LiveGoodput
 from controlplane.main import create_app
-from controlplane.models import GoodputRollup, Role
+from controlplane.models import SCHEMA_REVISION, GoodputRollup, Role
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage
@@ -45,7 +45,7 @@ SLO = {
 }
 NOT_MIGRATED = (
     "not ready: database schema is at revision None, this control plane needs "
-    "'0001_initial'; run `goodput db upgrade`"
+    f"'{SCHEMA_REVISION}'; run `goodput db upgrade`"
 )
 
 

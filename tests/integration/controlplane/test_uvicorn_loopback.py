@@ -11,7 +11,7 @@ import uvicorn
 
 from controlplane.db import utcnow
 from controlplane.main import create_app
-from controlplane.models import Role
+from controlplane.models import SCHEMA_REVISION, Role
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 
@@ -42,7 +42,7 @@ async def test_full_flow_over_real_http(database_url: str) -> None:
             assert (await http.get("/health")).json() == {"status": "ok"}
             ready = await http.get("/ready")
             assert ready.status_code == 200
-            assert ready.json()["schema_revision"] == "0001_initial"
+            assert ready.json()["schema_revision"] == SCHEMA_REVISION
             body = {
                 "name": "http",
                 "objectives": [{"metric": "ttft", "threshold_s": 1}],
