@@ -29,7 +29,7 @@ from controlplane.schemas.commands import AckWire, CommandIssue, CommandPublic
 from controlplane.services import audit
 from controlplane.services.fleet import get_member
 from exporters.commands import Command as WireCommand
-from exporters.commands import CommandAck, CommandError, command_to_json
+from exporters.commands import CommandAck, CommandError, CommandKind, command_to_json
 
 __all__ = [
     "MAX_DELIVERY",
@@ -41,6 +41,7 @@ __all__ = [
     "deliver",
     "get_command",
     "issue",
+    "issue_for_move",
     "list_commands",
     "to_wire",
 ]
@@ -117,12 +118,7 @@ async def issue(
     await get_member(session, body.target)
     version = body.version
     if version is None:
-        highest = await session.scalar(
-            sa.select(sa.func.max(Command.version)).where(
-                Command.target == body.target, Command.kind == body.kind.value
-            )
-        )
-        version = int(highest or 0) + 1
+        version = await _next_version(session, body.target, body.kind.value)
     command_id = body.id or uuid.uuid4()
     try:
         wire = WireCommand.new(
@@ -247,6 +243,62 @@ async def acknowledge(
         target_type="command",
         target_id=str(command.id),
         before=before,
+        after=_snapshot(command),
+        now=now,
+    )
+    return command
+
+
+async def _next_version(session: AsyncSession, target: str, kind: str) -> int:
+    highest = await session.scalar(
+        sa.select(sa.func.max(Command.version)).where(
+            Command.target == target, Command.kind == kind
+        )
+    )
+    return int(highest or 0) + 1
+
+
+async def issue_for_move(
+    session: AsyncSession,
+    *,
+    target: str,
+    kind: CommandKind,
+    payload: dict[str, Any],
+    move_id: uuid.UUID,
+    evidence: dict[str, Any],
+    predicted_effect: dict[str, Any] | None,
+    actor: str,
+    now: datetime,
+    ttl_s: float,
+) -> Command:
+    """Store one command of a role move (the planner's or an operator's), with the
+    evidence and predicted effect beside it; audited as ``command.issue`` like any other.
+    The version is one above the highest issued for ``(target, kind)``."""
+    version = await _next_version(session, target, kind.value)
+    wire = WireCommand.new(kind, target, payload, version=version, now_ns=_ns(now), ttl_s=ttl_s)
+    command = Command(
+        id=uuid.UUID(wire.id),
+        target=target,
+        kind=kind.value,
+        payload=command_to_json(wire)["payload"],
+        state=CommandState.PENDING,
+        evidence=evidence,
+        predicted_effect=predicted_effect,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+        attempts=0,
+        version=version,
+        move_id=move_id,
+    )
+    session.add(command)
+    await session.flush()
+    await audit.record(
+        session,
+        actor=actor,
+        action="command.issue",
+        target_type="command",
+        target_id=str(command.id),
+        before=None,
         after=_snapshot(command),
         now=now,
     )
