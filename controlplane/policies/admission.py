@@ -1,0 +1,168 @@
+"""The admission policy the control plane pushes to gateways, as a pure function.
+
+:func:`compute_policy` turns what the control plane knows — the learned latency model
+(:class:`~controlplane.policies.learning.LearnedParams`), the SLO registry (the engine's
+:class:`~controlplane.goodput.SLOSpec` set) and each SLO's current burn rate — into an
+:class:`exporters.admission.AdmissionPolicy`. No clock, no I/O: the runtime
+(``controlplane.policies_runtime``) calls it and ships the result; the simulator can too.
+
+* **Per SLO**: the allowed TTFT is the SLO's TTFT objective; the allowed ITL its ITL
+  objective (TPOT where it has none: the mean gap). The key is the value the gateway puts
+  in its ``slo`` label: the SLO's ``slo`` selector, else its ``tenant`` selector (the
+  gateway labels a request with its tenant when no ``x-goodput-slo`` header names one),
+  else the SLO's name.
+* **Burn rate → margin**: while an SLO burns its error budget faster than it accrues
+  (burn rate > 1) the allowed latency shrinks, so admission sheds earlier and the budget
+  recovers: ``margin = max(min_margin_ratio, 1 / (1 + burn_sensitivity·(burn − 1)))``.
+  Where several SLOs share a key the tightest wins.
+* **Max decode batch**: the largest batch whose predicted ITL (the learned model at the
+  mean context) meets the strictest ITL objective, capped by ``max_decode_batch``.
+* **Classes**: ``critical`` is never shed, ``standard`` may use all the allowed latency,
+  ``sheddable`` only ``sheddable_headroom_ratio`` of it (so it goes first) — configurable.
+
+Example::
+
+    policy = compute_policy(learner.params(), engine.slos, {"chat": 2.5},
+                            AdmissionConfig(), version=12)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controlplane.goodput import SLOSpec
+from controlplane.policies.learning import LearnedParams
+from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
+from exporters.slo import Metric
+
+__all__ = [
+    "DEFAULT_CLASSES",
+    "AdmissionConfig",
+    "compute_policy",
+    "margin_ratio",
+    "max_batch",
+    "slo_key",
+]
+
+DEFAULT_CLASSES: Mapping[str, ClassPolicy] = {
+    "critical": ClassPolicy(shed_order=2, sheddable=False),
+    "standard": ClassPolicy(shed_order=1, headroom_ratio=1.0),
+    "sheddable": ClassPolicy(shed_order=0, headroom_ratio=0.7),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """How the control plane shapes the policy (``Settings`` fills it)."""
+
+    ttl_s: float = 30.0
+    fallback_max_concurrency: int = 256
+    classes: Mapping[str, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
+    burn_sensitivity: float = 0.25
+    min_margin_ratio: float = 0.5
+    max_decode_batch: int = 256
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    over_share_ratio: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.burn_sensitivity) and self.burn_sensitivity >= 0):
+            raise ValueError(f"burn_sensitivity must be >= 0, got {self.burn_sensitivity!r}")
+        if not 0 < self.min_margin_ratio <= 1:
+            raise ValueError(f"min_margin_ratio must be in (0, 1], got {self.min_margin_ratio!r}")
+        if self.max_decode_batch < 1:
+            raise ValueError(f"max_decode_batch must be >= 1, got {self.max_decode_batch!r}")
+
+
+def margin_ratio(burn_rate: float | None, config: AdmissionConfig) -> float:
+    """The factor on an SLO's allowed latency at this burn rate (1 while it is ≤ 1)."""
+    if burn_rate is None or math.isnan(burn_rate) or burn_rate <= 1.0:
+        return 1.0  # unknown (nothing judged yet) or within budget
+    if math.isinf(burn_rate):
+        return config.min_margin_ratio
+    return max(config.min_margin_ratio, 1.0 / (1.0 + config.burn_sensitivity * (burn_rate - 1.0)))
+
+
+def slo_key(spec: SLOSpec) -> str:
+    """The gateway ``slo`` label value that selects ``spec`` (see the module docstring)."""
+    return spec.selector.get("slo") or spec.selector.get("tenant") or spec.name
+
+
+def _objective(spec: SLOSpec, *metrics: Metric) -> float | None:
+    for metric in metrics:
+        values = [o.threshold_s for o in spec.objectives if o.metric is metric]
+        if values:
+            return min(values)
+    return None
+
+
+def compute_policy(
+    params: LearnedParams,
+    slos: Sequence[SLOSpec],
+    burn_rates: Mapping[str, float | None],
+    config: AdmissionConfig,
+    *,
+    version: int,
+) -> AdmissionPolicy:
+    """The admission policy for this model, SLO set and burn rates (keyed by SLO id)."""
+    entries: dict[str, SLOAdmission] = {}
+    for spec in slos:
+        burn = burn_rates.get(spec.id)
+        entry = SLOAdmission(
+            ttft_s=_objective(spec, Metric.TTFT),
+            itl_s=_objective(spec, Metric.ITL, Metric.TPOT),
+            burn_rate=burn if burn is not None and math.isfinite(burn) and burn >= 0 else 0.0,
+            margin_ratio=margin_ratio(burn, config),
+        )
+        key = slo_key(spec)
+        other = entries.get(key)
+        if other is not None:  # several SLOs on one label value: the tightest of each
+            entry = SLOAdmission(
+                ttft_s=_min(entry.ttft_s, other.ttft_s),
+                itl_s=_min(entry.itl_s, other.itl_s),
+                burn_rate=max(entry.burn_rate, other.burn_rate),
+                margin_ratio=min(entry.margin_ratio, other.margin_ratio),
+            )
+        entries[key] = entry
+    itl_targets = [e.itl_s for e in entries.values() if e.itl_s is not None]
+    return AdmissionPolicy(
+        version=version,
+        ttl_s=config.ttl_s,
+        fallback_max_concurrency=config.fallback_max_concurrency,
+        classes=config.classes,
+        slos=entries,
+        model=AdmissionModel(
+            prefill_tokens_per_s=params.prefill_tokens_per_s,
+            kv_handoff_s=params.kv_handoff_s,
+            itl_base_s=params.itl_base_s,
+            itl_per_stream_s=params.itl_per_stream_s,
+            itl_per_context_token_s=params.itl_per_context_token_s,
+            max_decode_batch=max_batch(params, min(itl_targets, default=None), config),
+            mean_decode_s=params.mean_decode_s,
+            mean_context_tokens=params.mean_context_tokens,
+        ),
+        tenant_weights=config.tenant_weights,
+        over_share_ratio=config.over_share_ratio,
+    )
+
+
+def max_batch(params: LearnedParams, itl_s: float | None, config: AdmissionConfig) -> int:
+    """The largest decode batch whose predicted ITL at the mean context is ≤ ``itl_s``
+    (``config.max_decode_batch`` without an ITL target or when the model allows more);
+    at least 1."""
+    if itl_s is None:
+        return config.max_decode_batch
+    per_stream = params.itl_per_stream_s + params.itl_per_context_token_s * (
+        params.mean_context_tokens
+    )
+    room = itl_s - params.itl_base_s
+    if per_stream <= 0:
+        return config.max_decode_batch if room >= 0 else 1
+    return int(min(config.max_decode_batch, max(1.0, math.floor(room / per_stream))))
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)

@@ -1,0 +1,144 @@
+"""The admission learner: priors before data, convergence on synthetic records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.policies.learning import (
+    DEFAULT_PRIOR,
+    AdmissionLearner,
+    decode_samples,
+)
+from exporters.records import NUM_PHASES, Phase, RecordBatch, RequestRecord, Status, Vantage
+
+T0 = 1_700_000_000_000_000_000
+
+
+def test_prior_before_any_data() -> None:
+    learner = AdmissionLearner()
+    assert learner.params() == DEFAULT_PRIOR
+    learner.observe(RecordBatch.from_records([]))
+    assert learner.params() == DEFAULT_PRIOR
+
+
+def test_decode_samples_integrates_the_running_streams() -> None:
+    # Stream 0 runs [0, 4]; stream 1 [2, 4] ; stream 2 [4, 6] (touching, not overlapping).
+    start = np.array([0.0, 2.0, 4.0])
+    end = np.array([4.0, 4.0, 6.0])
+    batch, ctx = decode_samples(start, end, np.array([100.0, 300.0, 50.0]))
+    assert batch.tolist() == pytest.approx([1.5, 2.0, 1.0])
+    assert ctx.tolist() == pytest.approx([250.0, 400.0, 50.0])
+    halved, _ = decode_samples(start, end, np.ones(3), num_instances=2)
+    assert halved.tolist() == pytest.approx([0.75, 1.0, 0.5])
+
+
+def _phase_record(i: int, prompt: int, phases: dict[Phase, int]) -> RequestRecord:
+    offsets = np.full(NUM_PHASES, -1, dtype=np.int64)
+    for phase, value in phases.items():
+        offsets[phase] = value
+    return RequestRecord(
+        request_id=f"p{i}",
+        vantage=Vantage.GATEWAY,
+        arrival_time_ns=T0 + i * 10**9,
+        emission_offsets_us=np.array([phases.get(Phase.KV_HANDOFF_END, 1000) + 10]),
+        phase_offsets_us=offsets,
+        prompt_tokens=prompt,
+    )
+
+
+def test_prefill_rate_and_handoff_converge() -> None:
+    learner = AdmissionLearner()
+    rng = np.random.default_rng(3)
+    for b in range(10):
+        records = []
+        for i in range(50):
+            prompt = int(rng.integers(100, 4000))
+            prefill_us = round(prompt / 4_000.0 * 1e6)  # 4,000 tokens/s
+            records.append(
+                _phase_record(
+                    b * 100 + i,
+                    prompt,
+                    {
+                        Phase.PREFILL_START: 1000,
+                        Phase.PREFILL_END: 1000 + prefill_us,
+                        Phase.KV_HANDOFF_START: 1000 + prefill_us,
+                        Phase.KV_HANDOFF_END: 1000 + prefill_us + 30_000,
+                    },
+                )
+            )
+        learner.observe(RecordBatch.from_records(records))
+    params = learner.params()
+    assert params.prefill_tokens_per_s == pytest.approx(4_000.0, rel=0.02)
+    assert params.kv_handoff_s == pytest.approx(0.03, rel=0.05)
+    assert params.num_prefill_samples == 500
+
+
+def _decode_batch(
+    rng: np.random.Generator, a: float, b: float, c: float, n: int = 300
+) -> RecordBatch:
+    """One engine's streams with TPOT = a + b·batch + c·context (batch and context from the
+    streams' own overlap), emissions first and last token only."""
+    # A quiet minute then a busy quarter-minute: the batch ranges from a few to ~100.
+    start = np.sort(np.concatenate([rng.uniform(0, 60, n // 4), rng.uniform(60, 75, n - n // 4)]))
+    duration = rng.uniform(5, 30, n)
+    prompt = rng.integers(100, 3000, n)
+    # Fixed point: the intervals decide batch and context, which decide TPOT; the output
+    # length follows (rounded, so the true TPOT is duration/(out - 1)).
+    out = np.full(n, 500.0)
+    for _ in range(4):
+        batch, ctx = decode_samples(start, start + duration, prompt + out / 2)
+        out = np.maximum(np.round(duration / (a + b * batch + c * ctx)) + 1, 3)
+    records = [
+        RequestRecord(
+            request_id=f"d{i}",
+            vantage=Vantage.ENGINE,
+            arrival_time_ns=T0 + round(start[i] * 1e9),
+            emission_offsets_us=np.array([0, round(duration[i] * 1e6)]),
+            emission_tokens=np.array([1, int(out[i]) - 1], dtype=np.int32),
+            prompt_tokens=int(prompt[i]),
+            status=Status.OK,
+        )
+        for i in range(n)
+    ]
+    return RecordBatch.from_records(records)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    a=st.floats(0.005, 0.05),
+    b=st.floats(1e-4, 2e-3),
+    c=st.floats(0.0, 2e-7),
+    seed=st.integers(0, 1000),
+)
+def test_itl_model_converges_on_synthetic_streams(a: float, b: float, c: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    learner = AdmissionLearner(forget=0.95)
+    for _ in range(6):
+        learner.observe(_decode_batch(rng, a, b, c))
+    p = learner.params()
+    # The learned model predicts the true ITL within 5 % over the range it saw (batch and
+    # total context move together there, so the slopes alone are not identifiable).
+    for batch in (20.0, 40.0, 60.0):
+        ctx = batch * p.mean_context_tokens
+        assert p.itl_s(batch, ctx) == pytest.approx(a + b * batch + c * ctx, rel=0.05)
+    assert p.num_itl_samples == 6 * 300
+    assert p.mean_decode_s == pytest.approx(17.5, rel=0.15)
+
+
+def test_failed_and_partial_records_teach_nothing() -> None:
+    rng = np.random.default_rng(1)
+    batch = _decode_batch(rng, 0.02, 1e-3, 0.0, n=20)
+    batch.status[:] = Status.ERROR
+    learner = AdmissionLearner()
+    learner.observe(batch)
+    assert learner.params() == DEFAULT_PRIOR
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="forget must be in"):
+        AdmissionLearner(forget=0)
+    with pytest.raises(ValueError, match="prior_weight must be"):
+        AdmissionLearner(prior_weight=float("nan"))
