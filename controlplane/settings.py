@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
+    ``planner_*``: the PD planner tick (on by default, every ``planner_interval_s``), its
+    demand window, hysteresis, dwell time, moves per tick, and its role moves' command
+    validity, drain timeout and when their effect is observed (docs/planner.md).
     """
 
     model_config = SettingsConfigDict(env_prefix="GOODPUT_", extra="ignore", frozen=True)
@@ -62,6 +65,16 @@ class Settings(BaseSettings):
     database_retry_max_s: float = Field(default=30.0, gt=0)
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
+    # The PD planner tick (docs/planner.md).
+    planner_enabled: bool = True
+    planner_interval_s: float = Field(default=5.0, gt=0)
+    planner_window_s: float = Field(default=60.0, gt=0)
+    planner_min_gain_ratio: float = Field(default=0.05, ge=0)
+    planner_min_dwell_s: float = Field(default=60.0, ge=0)
+    planner_max_moves_per_tick: int = Field(default=1, ge=1)
+    planner_command_ttl_s: float = Field(default=120.0, gt=0, le=86_400)
+    planner_drain_timeout_s: float = Field(default=120.0, gt=0)
+    planner_observe_after_s: float = Field(default=60.0, gt=0)
     log_level: LogLevel = "INFO"
     log_json: bool = False
 
