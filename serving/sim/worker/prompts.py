@@ -89,7 +89,7 @@ def parse_completion_prompt(body: dict[str, Any], *, block_tokens: int) -> Promp
     field = "prompt" if ids is None else "prompt_token_ids"
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and ids is None:
         words = prompt.split()
         info = _units_and_key(words, "text", block_tokens)
         return PromptInfo(len(words) + BOS_TOKENS, info.key, info.block_ids)
