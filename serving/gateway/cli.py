@@ -80,6 +80,12 @@ def gateway(
     fleet_refresh: Annotated[
         float, typer.Option(min=0.1, help="seconds between fleet-registry reads")
     ] = 5.0,
+    command_poll: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="seconds between polls of the gateway's commands (admission policies)"
+        ),
+    ] = 1.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
@@ -110,6 +116,7 @@ def gateway(
             prefill_timeout_s=prefill_timeout,
             cooldown_s=cooldown,
             fleet_refresh_s=fleet_refresh,
+            command_poll_s=command_poll,
         )
         if gateway_id:
             config = dataclasses.replace(config, gateway_id=gateway_id)

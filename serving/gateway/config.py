@@ -31,6 +31,7 @@ class GatewayConfig:
     Timeouts: ``connect_timeout_s`` to open a connection; ``prefill_timeout_s`` for the
     whole prefill call; ``first_token_timeout_s`` until the decode instance answers;
     ``chunk_timeout_s`` between two chunks of a stream. Every upstream call has one.
+    ``command_poll_s``: how often the gateway polls its commands (with ``agent_key``).
     """
 
     prefill: tuple[str, ...] = ()
@@ -52,6 +53,7 @@ class GatewayConfig:
     cooldown_s: float = 5.0
     fleet_refresh_s: float = 5.0
     heartbeat_s: float = 10.0
+    command_poll_s: float = 1.0
     max_connections: int = 512
     record_flush_interval_s: float = 0.25
 
@@ -79,6 +81,7 @@ class GatewayConfig:
             "chunk_timeout_s",
             "fleet_refresh_s",
             "heartbeat_s",
+            "command_poll_s",
             "record_flush_interval_s",
         ):
             value = getattr(self, name)

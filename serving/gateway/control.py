@@ -12,6 +12,16 @@ agent key) or beats (``POST /api/v1/fleet/{id}/heartbeat``; a 404 means the cont
 forgot the gateway, so it registers again). Every call has a timeout; a failure is counted
 and logged once until the control plane answers again, and the pool keeps what it last
 knew, so serving goes on while the control plane is down.
+
+With the agent key it also polls its commands every ``command_poll_s``
+(``GET /api/v1/fleet/{id}/commands``) and acknowledges each delivery
+(``POST .../commands/{command_id}/ack``, ``exporters.commands.CommandAck``). It applies
+``set_admission_policy`` to the admission hook (:meth:`PolicyAdmission.apply
+<serving.gateway.admission_policy.PolicyAdmission.apply>`); the rules of the contract hold:
+an id is applied at most once (a redelivery gets the first answer again), a command for
+another target, of another kind, past its expiry or older than the policy applied is
+refused (``ok=false`` with the reason). While the control plane is away the hook keeps the
+last policy for its TTL, then falls back to its concurrency cap.
 """
 
 from __future__ import annotations
@@ -19,11 +29,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 
+from exporters.commands import (
+    MAX_DETAIL_CHARS,
+    Command,
+    CommandAck,
+    CommandError,
+    CommandKind,
+    command_from_json,
+)
 from exporters.sinks import InMemorySink, RecordSink
 
 if TYPE_CHECKING:
@@ -35,6 +55,7 @@ __all__ = ["ControlPlaneLink", "records_sink"]
 logger = logging.getLogger(__name__)
 
 FLEET_PAGE = 500
+MAX_REMEMBERED_IDS = 4096  # command ids whose answer is kept for redeliveries
 
 
 class _Discard(InMemorySink):
@@ -77,6 +98,9 @@ class ControlPlaneLink:
         self._registered = False
         self._failing: set[str] = set()
         self.num_fleet_syncs = 0
+        self._answers: OrderedDict[str, tuple[bool, str]] = OrderedDict()
+        self.num_commands_applied = 0
+        self.num_commands_refused = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="goodput-gateway-control-plane")
@@ -90,18 +114,22 @@ class ControlPlaneLink:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_fleet = next_beat = loop.time()
+        next_fleet = next_beat = next_poll = loop.time()
+        agent = bool(self.config.agent_key)
         while not self._stop.is_set():
             now = loop.time()
             if now >= next_fleet:
                 await self.sync_fleet()
                 next_fleet = now + self.config.fleet_refresh_s
-            if now >= next_beat and self.config.agent_key:
+            if now >= next_beat and agent:
                 await self.beat()
                 next_beat = now + self.config.heartbeat_s
-            wait = min(next_fleet, next_beat if self.config.agent_key else next_fleet) - loop.time()
+            if now >= next_poll and agent and self._registered:
+                await self.poll_commands()
+                next_poll = now + self.config.command_poll_s
+            due = min(next_fleet, next_beat, next_poll) if agent else next_fleet
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=max(0.05, wait))
+                await asyncio.wait_for(self._stop.wait(), timeout=max(0.05, due - loop.time()))
 
     async def sync_fleet(self) -> bool:
         """One fleet read into the pool; ``False`` (counted, pool unchanged) on failure."""
@@ -168,6 +196,85 @@ class ControlPlaneLink:
         self._registered = True
         self._recovered("beat", "gateway registered with the control plane")
         return True
+
+    async def poll_commands(self) -> int:
+        """Fetch the gateway's due commands, apply and acknowledge each; the number
+        handled (0 on failure, counted and logged once)."""
+        config = self.config
+        headers = {"Authorization": f"Bearer {config.agent_key}"}
+        path = f"/api/v1/fleet/{config.gateway_id}/commands"
+        try:
+            response = await self._client.get(path, headers=headers)
+            response.raise_for_status()
+            items = response.json()["data"]
+            if not isinstance(items, list):
+                raise TypeError(f"data must be a list, got {type(items).__name__}")
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            self._failed("commands", f"polling commands failed ({exc!r}); retrying")
+            return 0
+        self._recovered("commands", "polling commands works again")
+        handled = 0
+        for item in items:
+            try:
+                command = command_from_json(item)
+            except CommandError as exc:
+                # Without a valid id there is nothing to acknowledge; the control plane
+                # expires it.
+                logger.warning("ignoring a command that breaks the contract: %s", exc)
+                continue
+            ack = self.handle(command)
+            try:
+                answer = await self._client.post(
+                    f"{path}/{command.id}/ack", json=ack.to_json(), headers=headers
+                )
+                answer.raise_for_status()
+            except httpx.HTTPError as exc:  # redelivered later; the answer is remembered
+                self._failed("ack", f"acknowledging command {command.id} failed ({exc!r})")
+                continue
+            self._recovered("ack", "command acknowledgements work again")
+            handled += 1
+        return handled
+
+    def handle(self, command: Command) -> CommandAck:
+        """Apply ``command`` once (see the module docstring); the acknowledgement."""
+        known = self._answers.get(command.id)
+        if known is None:
+            known = self._apply(command)
+            self._answers[command.id] = known
+            while len(self._answers) > MAX_REMEMBERED_IDS:
+                self._answers.popitem(last=False)
+            if known[0]:
+                self.num_commands_applied += 1
+            else:
+                self.num_commands_refused += 1
+                logger.warning(
+                    "command %s (%s) not applied: %s", command.id, command.kind, known[1]
+                )
+        else:
+            self._answers.move_to_end(command.id)
+        ok, detail = known
+        return CommandAck(command.id, self.config.gateway_id, ok, detail[:MAX_DETAIL_CHARS],
+                          time.time_ns())  # fmt: skip
+
+    def _apply(self, command: Command) -> tuple[bool, str]:
+        me = self.config.gateway_id
+        if command.target != me:
+            return False, f"wrong target {command.target!r}: this gateway is {me!r}"
+        if command.kind is not CommandKind.SET_ADMISSION_POLICY:
+            return False, (
+                f"kind {command.kind.value!r} is not supported by this gateway; "
+                f"allowed: [{CommandKind.SET_ADMISSION_POLICY.value!r}]"
+            )
+        if command.expired(time.time_ns()):
+            return False, "expired"
+        apply = getattr(self.gateway.admission, "apply", None)
+        if apply is None:
+            hook = type(self.gateway.admission).__name__
+            return False, f"this gateway's admission hook ({hook}) takes no policy"
+        try:
+            return True, str(apply(command.admission_policy()))
+        except (CommandError, ValueError) as exc:
+            return False, str(exc)
 
     def _failed(self, what: str, message: str) -> None:
         if what not in self._failing:  # de-duplicated until it recovers
