@@ -87,7 +87,9 @@ class RunOutcome:
 
     @property
     def role_changes_per_h(self) -> float:
-        return len(self.role_changes) * 3600.0 / self.duration_s
+        """Role changes per hour of the run (arrivals and drain: the planner ran
+        throughout)."""
+        return len(self.role_changes) * 3600.0 / max(self.end_s, self.duration_s)
 
     def window(self, start_s: float, end_s: float) -> WindowStats:
         """Stats of the requests arriving in ``[start_s, end_s)``."""
