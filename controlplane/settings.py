@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     ``planner_*``: the PD planner tick (on by default, every ``planner_interval_s``), its
     demand window, hysteresis, dwell time, moves per tick, and its role moves' command
     validity, drain timeout and when their effect is observed (docs/planner.md).
+    ``admission_*``: the admission policy pushed to every gateway (on by default, every
+    ``admission_interval_s``), its TTL at the gateways and fallback concurrency cap, and
+    the window of the burn rates that tighten it (docs/admission.md).
     """
 
     model_config = SettingsConfigDict(env_prefix="GOODPUT_", extra="ignore", frozen=True)
@@ -75,6 +78,12 @@ class Settings(BaseSettings):
     planner_command_ttl_s: float = Field(default=120.0, gt=0, le=86_400)
     planner_drain_timeout_s: float = Field(default=120.0, gt=0)
     planner_observe_after_s: float = Field(default=60.0, gt=0)
+    # Admission policies pushed to gateways (docs/admission.md).
+    admission_enabled: bool = True
+    admission_interval_s: float = Field(default=10.0, gt=0)
+    admission_policy_ttl_s: float = Field(default=30.0, gt=0, le=86_400)
+    admission_fallback_max_concurrency: int = Field(default=256, ge=1, le=2**31 - 1)
+    admission_burn_window_s: float = Field(default=300.0, gt=0)
     log_level: LogLevel = "INFO"
     log_json: bool = False
 

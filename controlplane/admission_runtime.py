@@ -1,0 +1,241 @@
+"""Admission in the control plane: learn from ingest, push versioned policies to gateways.
+
+:class:`AdmissionRuntime` is one asyncio task started by the app's lifespan
+(:func:`admission_lifespan`, when ``settings.admission_enabled``; ``app.state.admission``).
+
+* **Learn.** It listens to ingest (``Ingestor.add_listener``): every applied batch feeds
+  the :class:`~controlplane.policies.learning.AdmissionLearner` (prefill rate, KV handoff,
+  ``itl = a + b·batch + c·context``, mean decode time and context). Gateway records spread
+  over the decode pool, so they are divided by the number of decode workers the fleet had
+  at the last tick.
+* **Decide (pure).** Every ``admission_interval_s``:
+  :func:`controlplane.policies.admission.compute_policy` from the learned parameters, the
+  engine's SLO set and each SLO's burn rate over the last ``admission_burn_window_s``.
+* **Act.** In one transaction, a ``set_admission_policy`` command to every gateway in the
+  fleet registry that is not down, stopped or stale: persisted (state ``pending``, the
+  policy in the payload, the learned parameters and burn rates as the evidence), audited
+  (``command.issue`` by ``controlplane:admission``), delivered by the gateways' poll and
+  acknowledged like any command. The policy's ``version`` is one above the highest issued
+  for that kind, the same for every gateway of a tick. Commands live as long as the
+  policy's TTL (``admission_policy_ttl_s``): a gateway that was away gets the newest, the
+  older ones expire.
+
+A failing tick (database away) is logged once per failure streak and counted; the gateways
+keep the last policy for its TTL, then fall back to their concurrency cap.
+
+Example::
+
+    runtime = AdmissionRuntime(app.state.sessions, settings, app.state.live)
+    await runtime.start()
+    ...
+    await runtime.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.errors import describe_error
+from controlplane.live import LiveGoodput
+from controlplane.models import Command, CommandState, FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.policies.admission import AdmissionConfig, compute_policy
+from controlplane.policies.learning import AdmissionLearner
+from controlplane.services import audit
+from controlplane.services.commands import command_public
+from controlplane.services.fleet import is_stale
+from controlplane.settings import Settings
+from exporters.admission import AdmissionPolicy
+from exporters.commands import Command as WireCommand
+from exporters.commands import CommandKind, command_to_json
+from exporters.records import RecordBatch
+
+__all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan"]
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "controlplane:admission"
+_KIND = CommandKind.SET_ADMISSION_POLICY
+_STOPPED = (FleetState.DOWN, FleetState.DRAINED)
+
+
+def _ns(moment: datetime) -> int:
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1_000
+
+
+class AdmissionRuntime:
+    """The admission loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        live: LiveGoodput,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.live = live
+        self.clock = clock
+        self.config = AdmissionConfig(
+            ttl_s=settings.admission_policy_ttl_s,
+            fallback_max_concurrency=settings.admission_fallback_max_concurrency,
+        )
+        self.learner = AdmissionLearner()
+        self._lock = threading.Lock()  # ingest listeners run in worker threads
+        self._decode_instances = 1
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self.num_ticks = 0
+        self.num_failures = 0
+        self.last_policy: AdmissionPolicy | None = None
+        live.ingestor.add_listener(self.observe)
+
+    def observe(self, batch: RecordBatch) -> None:
+        """Learn from one ingested batch (the ingest listener)."""
+        with self._lock:
+            self.learner.observe(batch, decode_instances=self._decode_instances)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="goodput-admission")
+
+    async def stop(self) -> None:
+        self.live.ingestor.remove_listener(self.observe)
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        interval = self.settings.admission_interval_s
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=interval)
+                return
+            await self.tick()
+
+    async def tick(self) -> int:
+        """One policy for every live gateway; the number of commands issued (0 on a
+        failure, which is logged once per streak and counted)."""
+        try:
+            issued = await self._tick()
+        except Exception as exc:  # the database may be away: try again next tick
+            self.num_failures += 1
+            if not self._failing:
+                logger.warning("admission policy tick failed (%s); retrying", describe_error(exc))
+            self._failing = True
+            return 0
+        if self._failing:
+            logger.warning("admission policy ticks work again")
+        self._failing = False
+        self.num_ticks += 1
+        return issued
+
+    async def _tick(self) -> int:
+        now_s = self.clock()
+        now = datetime.fromtimestamp(now_s, UTC)
+        with self._lock:
+            params = self.learner.params()
+        engine = self.live.engine
+        stats = await asyncio.to_thread(
+            engine.summary, now_s, self.settings.admission_burn_window_s, percentiles=False
+        )
+        burn = {s.slo_id: s.burn_rate for s in stats}
+        timeout_s = self.settings.fleet_heartbeat_timeout_s
+        async with self.sessions() as session, session.begin():
+            members = list(await session.scalars(sa.select(FleetMember)))
+            live = [m for m in members if not is_stale(m, now=now, timeout_s=timeout_s)]
+            live = [m for m in live if m.state not in _STOPPED]
+            gateways = [m for m in live if m.kind == FleetKind.GATEWAY]
+            decoders = [
+                m for m in live if m.kind == FleetKind.WORKER and m.role != FleetRole.PREFILL
+            ]
+            self._decode_instances = max(1, len(decoders))
+            if not gateways:
+                return 0
+            highest = await session.scalar(
+                sa.select(sa.func.max(Command.version)).where(Command.kind == _KIND.value)
+            )
+            version = int(highest or 0) + 1
+            policy = compute_policy(params, engine.slos, burn, self.config, version=version)
+            evidence = {
+                "source": "admission",
+                "learned": params.to_json(),
+                "burn_rates": burn,
+                "decode_instances": self._decode_instances,
+            }
+            for gateway in gateways:
+                await self._issue(session, gateway.id, policy, evidence, now)
+        self.last_policy = policy
+        return len(gateways)
+
+    async def _issue(
+        self,
+        session: AsyncSession,
+        target: str,
+        policy: AdmissionPolicy,
+        evidence: dict[str, Any],
+        now: datetime,
+    ) -> None:
+        ttl_s = self.config.ttl_s
+        wire = WireCommand.new(
+            _KIND, target, {"policy": policy}, version=policy.version, now_ns=_ns(now), ttl_s=ttl_s
+        )
+        command = Command(
+            id=uuid.UUID(wire.id),
+            target=target,
+            kind=_KIND.value,
+            payload=command_to_json(wire)["payload"],
+            state=CommandState.PENDING,
+            evidence=evidence,
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl_s),
+            attempts=0,
+            version=policy.version,
+        )
+        session.add(command)
+        await session.flush()
+        await audit.record(
+            session,
+            actor=ACTOR,
+            action="command.issue",
+            target_type="command",
+            target_id=str(command.id),
+            before=None,
+            after=command_public(command).model_dump(mode="json"),
+            now=now,
+        )
+
+
+@asynccontextmanager
+async def admission_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the admission loop on ``app.state.admission`` when
+    ``settings.admission_enabled`` (after ``live_lifespan``: it listens to ingest)."""
+    settings: Settings = app.state.settings
+    if not settings.admission_enabled:
+        app.state.admission = None
+        yield
+        return
+    runtime = AdmissionRuntime(app.state.sessions, settings, app.state.live)
+    await runtime.start()
+    app.state.admission = runtime
+    try:
+        yield
+    finally:
+        await runtime.stop()
