@@ -1,11 +1,12 @@
 """The control plane's FastAPI application: ``create_app(settings) -> FastAPI``.
 
 The lifespan opens the database (``app.state.engine``, ``app.state.sessions``; nothing
-connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`),
-then enters the extra lifespans it was given, in order (control loops, ...), and closes
-them in reverse. The app starts and answers ``/health`` with the database down or not
-migrated (``/ready`` says why it is not ready). Every API route must declare a role
-(``controlplane.api.auth``): the app refuses to start otherwise.
+connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`)
+and the PD planner tick (``app.state.planner``, ``controlplane.planner_runtime``; when
+``settings.planner_enabled``), then enters the extra lifespans it was given, in order
+(control loops, ...), and closes them in reverse. The app starts and answers ``/health``
+with the database down or not migrated (``/ready`` says why it is not ready). Every API
+route must declare a role (``controlplane.api.auth``): the app refuses to start otherwise.
 
 Example::
 
@@ -39,6 +40,7 @@ from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
 from controlplane.api.routes import (
     audit,
+    automation,
     commands,
     fleet,
     goodput,
@@ -52,6 +54,7 @@ from controlplane.api.routes import (
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.live import LiveGoodput, app_registry
+from controlplane.planner_runtime import planner_lifespan
 from controlplane.schemas.common import ERROR_RESPONSES, responses
 from controlplane.settings import Settings
 
@@ -88,7 +91,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         try:
             async with AsyncExitStack() as stack:
                 # The live goodput engine first: later lifespans may use app.state.live.
-                for extra in (live_lifespan, *lifespans):
+                for extra in (live_lifespan, planner_lifespan, *lifespans):
                     await stack.enter_async_context(extra(app))
                 yield
         finally:
@@ -118,6 +121,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     api.include_router(audit.router)
     api.include_router(fleet.router)
     api.include_router(commands.router)
+    api.include_router(automation.router)
     api.include_router(ingest.router)
     api.include_router(goodput.router)
     app.include_router(api)

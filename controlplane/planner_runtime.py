@@ -1,0 +1,484 @@
+"""The PD planner tick in the control plane: observe, decide (pure), act by commands.
+
+:class:`PlannerRuntime` is one asyncio task started by the app's lifespan
+(:func:`planner_lifespan`, when ``settings.planner_enabled``; ``app.state.planner``). It
+listens to ingest (``Ingestor.add_listener``): every applied batch feeds the demand window
+(:class:`~controlplane.policies.planner_demand.DemandWindow`) and the latency model learner
+(helper H4's :class:`~controlplane.policies.learning.AdmissionLearner`: prefill rate, KV
+handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
+transaction:
+
+1. a paused planner (``POST /automation/pause``) stops here: it issues nothing at all, and
+   moves in progress wait where they are;
+2. advances the role moves in progress (``controlplane.services.automation``: drain →
+   set_role + resume → done) and records the observed effect of moves done
+   ``planner_observe_after_s`` ago (the goodput engine's last minute per SLO, beside the
+   prediction);
+3. builds the planner's snapshot (:func:`build_snapshot`) from the fleet registry's
+   heartbeats (role, state, ``num_requests_running`` / ``num_requests_waiting``, optional
+   ``prefill_queue_tokens``, ``decode_context_tokens``, ``prefill_tokens_per_s``,
+   ``kv_both``), the pins, the moves in progress, the demand, the learned model and the SLO
+   registry's tightest TTFT and ITL/TPOT thresholds, runs
+   :func:`controlplane.policies.planner.plan`, and starts a role move (``drain`` first) for
+   each instance it moves, with the plan's evidence and predicted effect.
+
+Gateways need no command: they read pool membership from the fleet registry, where a
+draining worker is not ``ready`` (no new requests) and a switched worker re-registers with
+its new role. A failing tick is logged once per failure streak and counted; the loop goes on.
+
+Example::
+
+    runtime = PlannerRuntime(app.state.sessions, settings, app.state.live)
+    await runtime.start()
+    ...
+    await runtime.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.errors import describe_error
+from controlplane.goodput import SLOSpec
+from controlplane.live import LiveGoodput
+from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState, MoveState, RoleMove
+from controlplane.policies.learning import AdmissionLearner, LearnedParams
+from controlplane.policies.planner import (
+    Demand,
+    InstanceLoad,
+    Plan,
+    PlannerConfig,
+    PlannerSnapshot,
+    ServiceModel,
+    SLOTargets,
+    plan,
+)
+from controlplane.policies.planner_demand import DemandWindow
+from controlplane.schemas.automation import TickPublic
+from controlplane.services import automation
+from controlplane.settings import Settings
+from exporters.commands import Role
+from exporters.records import RecordBatch
+from exporters.slo import Metric
+
+__all__ = [
+    "PLANNER_ACTOR",
+    "PlannerRuntime",
+    "build_snapshot",
+    "planner_lifespan",
+    "service_model",
+    "slo_targets",
+]
+
+logger = logging.getLogger(__name__)
+
+PLANNER_ACTOR = "planner"
+UNCONSTRAINED_S = 3600.0  # an objective the registry does not set: effectively none
+_STOP_GRACE_S = 5.0
+_ROLES = {FleetRole.PREFILL: Role.PREFILL, FleetRole.DECODE: Role.DECODE, FleetRole.BOTH: Role.BOTH}
+
+
+def service_model(params: LearnedParams) -> ServiceModel:
+    """The planner's capacity model from the learner's parameters."""
+    return ServiceModel(
+        prefill_tokens_per_s=params.prefill_tokens_per_s,
+        itl_base_s=params.itl_base_s,
+        itl_per_seq_s=params.itl_per_stream_s,
+        itl_per_context_token_s=params.itl_per_context_token_s,
+        kv_handoff_s=params.kv_handoff_s,
+    )
+
+
+def slo_targets(specs: Iterable[SLOSpec]) -> SLOTargets | None:
+    """The tightest TTFT threshold and the tightest ITL (or TPOT) threshold of the
+    registry's SLOs; ``None`` when no SLO constrains either."""
+    specs = list(specs)
+    itl = [
+        o.threshold_s for s in specs for o in s.objectives if o.metric in (Metric.ITL, Metric.TPOT)
+    ]
+    ttft = [o.threshold_s for s in specs for o in s.objectives if o.metric is Metric.TTFT]
+    if not ttft and not itl:
+        return None
+    return SLOTargets(
+        ttft_s=min(ttft, default=UNCONSTRAINED_S), itl_s=min(itl, default=UNCONSTRAINED_S)
+    )
+
+
+def _number(load: Mapping[str, Any], key: str) -> float | None:
+    value = load.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def build_snapshot(
+    members: Iterable[FleetMember],
+    *,
+    now: datetime,
+    stale_after_s: float,
+    pinned: Iterable[str],
+    moving: Mapping[str, FleetRole],
+    last_change: Mapping[str, datetime],
+    demand: Demand,
+    model: ServiceModel,
+    slo: SLOTargets,
+    observed_ttft_attainment_ratio: float | None = None,
+) -> PlannerSnapshot:
+    """The planner's view of the fleet (see the module docstring). Workers that are down,
+    starting or stale are left out: they serve nothing the planner could count on."""
+    pins = set(pinned)
+    rps = demand.requests_per_s
+    mean_prompt = demand.prompt_tokens_per_s / rps if rps > 0 else 0.0
+    context = (demand.prompt_tokens_per_s + 0.5 * demand.output_tokens_per_s) / rps if rps else 0.0
+    stale = now - timedelta(seconds=stale_after_s)
+    now_s = now.timestamp()
+    instances = []
+    for member in members:
+        if member.kind is not FleetKind.WORKER:
+            continue
+        if member.last_heartbeat_at is None or member.last_heartbeat_at < stale:
+            continue
+        if member.state in (FleetState.DOWN, FleetState.STARTING):
+            continue
+        load = member.load or {}
+        running = _number(load, "num_requests_running") or 0.0
+        waiting = _number(load, "num_requests_waiting") or 0.0
+        queued = _number(load, "prefill_queue_tokens")
+        held = _number(load, "decode_context_tokens")
+        target = moving.get(member.id)
+        changed = last_change.get(member.id)
+        instances.append(
+            InstanceLoad(
+                id=member.id,
+                role=_ROLES[member.role],
+                prefill_queue_tokens=queued
+                if queued is not None
+                else (running + waiting) * mean_prompt,
+                decode_streams=int(running) if member.role is not FleetRole.PREFILL else 0,
+                decode_context_tokens=held if held is not None else running * context,
+                prefill_tokens_per_s=_number(load, "prefill_tokens_per_s") or None,
+                draining=member.state in (FleetState.DRAINING, FleetState.DRAINED)
+                or target is not None,
+                moving_to=None if target is None else _ROLES[target],
+                pinned=member.id in pins,
+                last_role_change_s=-math.inf if changed is None else changed.timestamp(),
+                live_switch=load.get("kv_both", True) is not False,
+            )
+        )
+    return PlannerSnapshot(
+        now_s=now_s,
+        instances=instances,
+        demand=demand,
+        model=model,
+        slo=slo,
+        observed_ttft_attainment_ratio=observed_ttft_attainment_ratio,
+    )
+
+
+class PlannerRuntime:
+    """The planner's loop inside the app (see the module docstring)."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        live: LiveGoodput,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.live = live
+        self.clock = clock
+        self.demand = DemandWindow(settings.planner_window_s)
+        self.learner = AdmissionLearner()
+        self.config = PlannerConfig(
+            min_gain_ratio=settings.planner_min_gain_ratio,
+            min_dwell_s=settings.planner_min_dwell_s,
+            max_moves_per_tick=settings.planner_max_moves_per_tick,
+        )
+        self.timings = automation.MoveTimings(
+            ttl_s=settings.planner_command_ttl_s,
+            drain_timeout_s=settings.planner_drain_timeout_s,
+            observe_after_s=settings.planner_observe_after_s,
+        )
+        self.stopping = asyncio.Event()
+        self.last_tick: TickPublic | None = None
+        self.last_plan: Plan | None = None
+        self.num_ticks = 0
+        self.num_failures = 0
+        self._learn_lock = threading.Lock()
+        self._decode_instances = 1
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.live.ingestor.add_listener(self.observe)
+        self._task = asyncio.create_task(self._run(), name="goodput-planner")
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        self.live.ingestor.remove_listener(self.observe)
+        task, self._task = self._task, None
+        if task is None:
+            return
+        await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def observe(self, batch: RecordBatch) -> None:
+        """The ingest listener: demand and the latency model learn from every batch."""
+        self.demand.observe(batch, self.clock())
+        with self._learn_lock:
+            self.learner.observe(batch, decode_instances=self._decode_instances)
+
+    async def _run(self) -> None:
+        interval = self.settings.planner_interval_s
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
+                return
+            try:
+                await self.tick()
+            except Exception as exc:  # the database may be away: try again next tick
+                self.num_failures += 1
+                if not self._failing:
+                    logger.warning("planner tick failed (%s); retrying", describe_error(exc))
+                self._failing = True
+            else:
+                if self._failing:
+                    logger.warning("planner ticks work again")
+                self._failing = False
+
+    # -- one tick ---------------------------------------------------------------------------
+
+    async def tick(self) -> TickPublic:
+        """One tick (see the module docstring); what it did."""
+        started = time.perf_counter()
+        now_s = self.clock()
+        now = datetime.fromtimestamp(now_s, UTC)
+        async with self.sessions() as session, session.begin():
+            state = await automation.get_state(session)
+            if state is not None and state.paused:
+                return self._done(now, started, paused=True, reason=f"paused: {state.reason}")
+            members = {
+                m.id: m
+                for m in await session.scalars(
+                    sa.select(FleetMember).where(FleetMember.kind == FleetKind.WORKER)
+                )
+            }
+            advanced, observed = await self._advance(session, members, now)
+            result = await self._plan(session, members, now)
+            if result is None:
+                return self._done(
+                    now,
+                    started,
+                    reason="no SLO constrains TTFT or ITL",
+                    advanced=advanced,
+                    observed=observed,
+                )
+            moves = []
+            for move in result.moves:
+                evidence = {
+                    **result.evidence,
+                    "reason": result.reason,
+                    "instance": dict(move.evidence),
+                }
+                row = await automation.start_move(
+                    session,
+                    members[move.instance_id],
+                    FleetRole(move.to_role.value),
+                    mode=move.mode,
+                    evidence=evidence,
+                    predicted=dict(move.predicted),
+                    actor=PLANNER_ACTOR,
+                    now=now,
+                    timings=self.timings,
+                )
+                moves.append(row.id)
+        self.last_plan = result
+        return self._done(
+            now,
+            started,
+            reason=result.reason,
+            moves=moves,
+            advanced=advanced,
+            observed=observed,
+            evidence=dict(result.evidence),
+        )
+
+    async def _advance(
+        self, session: AsyncSession, members: Mapping[str, FleetMember], now: datetime
+    ) -> tuple[int, int]:
+        rows = await session.scalars(
+            sa.select(RoleMove).where(
+                sa.or_(
+                    RoleMove.state.in_(automation.OPEN_MOVES),
+                    sa.and_(
+                        RoleMove.state == MoveState.DONE,
+                        RoleMove.observed_effect.is_(None),
+                        RoleMove.observe_at <= now,
+                    ),
+                )
+            )
+        )
+        advanced = observed = 0
+        for move in list(rows):
+            if move.state is MoveState.DONE:
+                await automation.record_observed(session, move, self._observed(move, members, now))
+                observed += 1
+            elif await automation.advance_move(
+                session,
+                move,
+                members.get(move.member_id),
+                actor=PLANNER_ACTOR,
+                now=now,
+                timings=self.timings,
+            ):
+                advanced += 1
+        await session.flush()
+        return advanced, observed
+
+    async def _plan(
+        self, session: AsyncSession, members: Mapping[str, FleetMember], now: datetime
+    ) -> Plan | None:
+        slo = slo_targets(self.live.engine.slos)
+        if slo is None:
+            return None
+        pins = [p.member_id for p in await automation.list_pins(session)]
+        moving = {
+            m.member_id: m.to_role
+            for m in await session.scalars(
+                sa.select(RoleMove).where(RoleMove.state.in_(automation.OPEN_MOVES))
+            )
+        }
+        last_change = dict(
+            (
+                await session.execute(
+                    sa.select(RoleMove.member_id, sa.func.max(RoleMove.updated_at))
+                    .where(RoleMove.state == MoveState.DONE)
+                    .group_by(RoleMove.member_id)
+                )
+            ).tuples()
+        )
+        decode = sum(1 for m in members.values() if m.role is FleetRole.DECODE)
+        with self._learn_lock:
+            self._decode_instances = max(decode, 1)
+            params = self.learner.params()
+        snapshot = build_snapshot(
+            members.values(),
+            now=now,
+            stale_after_s=self.settings.fleet_heartbeat_timeout_s,
+            pinned=pins,
+            moving=moving,
+            last_change=last_change,
+            demand=self.demand.demand(now.timestamp()),
+            model=service_model(params),
+            slo=slo,
+            observed_ttft_attainment_ratio=self._observed_ttft(now),
+        )
+        return plan(snapshot, self.config)
+
+    def _summary(self, now: datetime) -> list[Any]:
+        return self.live.engine.summary(now=now.timestamp(), window="1m", percentiles=False)
+
+    def _observed_ttft(self, now: datetime) -> float | None:
+        best: tuple[int, float] | None = None
+        for stats in self._summary(now):
+            ttft_keys = [k for k in stats.violations if k.startswith("ttft")]
+            if stats.requests <= 0:
+                continue
+            missed = sum(stats.violations[k] for k in ttft_keys)
+            ratio = 1.0 - min(missed, stats.requests) / stats.requests
+            if best is None or stats.requests > best[0]:
+                best = (stats.requests, ratio)
+        return None if best is None else best[1]
+
+    def _observed(
+        self, move: RoleMove, members: Mapping[str, FleetMember], now: datetime
+    ) -> dict[str, Any]:
+        pools = {"prefill": 0, "decode": 0, "both": 0}
+        for member in members.values():
+            pools[member.role.value] += 1
+        slos = [
+            {
+                "slo_id": s.slo_id,
+                "slo": s.slo_name,
+                "requests": s.requests,
+                "goodput_rps": s.goodput_rps,
+                "attainment_ratio": s.attainment_ratio,
+                "throughput_rps": s.throughput_rps,
+            }
+            for s in self._summary(now)
+        ]
+        after = (move.predicted_effect or {}).get("after", {})
+        observed_goodput = max((s["goodput_rps"] for s in slos), default=0.0)
+        return {
+            "time": now.isoformat(),
+            "window_s": 60.0,
+            "pools": pools,
+            "slos": slos,
+            "observed_goodput_rps": observed_goodput,
+            "predicted_goodput_rps": after.get("goodput_rps"),
+            "ttft_attainment_ratio": self._observed_ttft(now),
+        }
+
+    def _done(
+        self,
+        now: datetime,
+        started: float,
+        *,
+        paused: bool = False,
+        reason: str = "",
+        moves: list[Any] | None = None,
+        advanced: int = 0,
+        observed: int = 0,
+        evidence: dict[str, Any] | None = None,
+    ) -> TickPublic:
+        self.num_ticks += 1
+        self.last_tick = TickPublic(
+            time=now,
+            paused=paused,
+            reason=reason,
+            moves_started=moves or [],
+            moves_advanced=advanced,
+            observed=observed,
+            duration_ms=(time.perf_counter() - started) * 1e3,
+            evidence=evidence or {},
+        )
+        return self.last_tick
+
+
+@asynccontextmanager
+async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the planner on ``app.state.planner`` when ``settings.planner_enabled``
+    (after ``live_lifespan``: it listens to the live runtime's ingest)."""
+    settings: Settings = app.state.settings
+    if not settings.planner_enabled:
+        app.state.planner = None
+        yield
+        return
+    runtime = PlannerRuntime(app.state.sessions, settings, app.state.live)
+    await runtime.start()
+    app.state.planner = runtime
+    try:
+        yield
+    finally:
+        await runtime.stop()
