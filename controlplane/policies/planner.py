@@ -34,7 +34,7 @@ Every candidate ``n_p`` is evaluated at once with numpy (columnar: O(N) for N in
 
 **The decision.** The best split is the argmax (ties: the one nearest the current split).
 The plan moves at most ``max_moves_per_tick`` instances toward it, and only when the
-predicted gain of that step exceeds ``min_gain_ratio`` × current goodput (and
+best split's predicted gain exceeds ``min_gain_ratio`` × current goodput (and
 ``min_gain_rps``) — hysteresis, so noise never moves anything. When every split predicts
 no goodput at all (a deep overload that admission control must shed), the split with the
 most headroom wins, under the same margin on headroom. An instance may move only when it
@@ -528,7 +528,9 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
     step = max(-config.max_moves_per_tick, min(config.max_moves_per_tick, step))
     target_i = zero + step
     target = _at(figures, target_i)
-    gain = float(score[target_i] - current_score)
+    # Hysteresis on the best split's gain: a plateau between here and there (splits that
+    # all miss the SLO) must not hide a real gain k moves away.
+    gain = float(score[best_i] - current_score)
     if gain <= margin:
         reason = f"predicted gain {gain:.4g} {unit} within the margin {margin:.4g}: no move"
         return Plan(now, (), current, best, current, reason, evidence)

@@ -287,9 +287,11 @@ async def advance_move(
         timed_out = now - drain.acked_at >= timedelta(seconds=timings.drain_timeout_s)
         if not (member.state is FleetState.DRAINED or _idle(member) or timed_out):
             return False
-        for kind, payload in (
-            (CommandKind.SET_ROLE, {"role": move.to_role.value}),
-            (CommandKind.RESUME, {}),
+        # resume a microsecond after set_role: delivery is oldest first, so the worker
+        # takes its new role before it takes new work.
+        for offset_us, kind, payload in (
+            (0, CommandKind.SET_ROLE, {"role": move.to_role.value}),
+            (1, CommandKind.RESUME, {}),
         ):
             await issue_for_move(
                 session,
@@ -300,7 +302,7 @@ async def advance_move(
                 evidence=move.evidence,
                 predicted_effect=move.predicted_effect,
                 actor=actor,
-                now=now,
+                now=now + timedelta(microseconds=offset_us),
                 ttl_s=timings.ttl_s,
             )
         why = "drain timed out" if timed_out and not _idle(member) else "drained"
