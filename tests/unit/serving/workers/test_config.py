@@ -102,6 +102,19 @@ def test_unbound_cpu_lets_vllm_choose_and_compile_drops_eager() -> None:
     assert spec.url == "http://127.0.0.1:8100"
 
 
+def test_parent_and_nice_run_vllm_through_the_exec_wrapper() -> None:
+    vllm = ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    wrapper = ["/venv/bin/python", "-m", "serving.workers._exec_child"]
+    plain = build_launch(VllmSpec(model=MODEL, port=8100), run_dir=RUN, python=vllm[0])
+    assert plain.argv[:3] == vllm
+
+    niced = VllmSpec(model=MODEL, port=8100, nice=10)
+    plan = build_launch(niced, run_dir=RUN, python=vllm[0], parent_pid=42)
+    assert plan.argv[:11] == [*wrapper, "--parent", "42", "--nice", "10", "--", *vllm]
+    plan = build_launch(niced, run_dir=RUN, python=vllm[0])
+    assert plan.argv[:9] == [*wrapper, "--nice", "10", "--", *vllm]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -110,6 +123,8 @@ def test_unbound_cpu_lets_vllm_choose_and_compile_drops_eager() -> None:
         ({"device": "tpu"}, "device must be one of cpu, cuda, got 'tpu'"),
         ({"max_num_seqs": 0}, "max_num_seqs must be >= 1, got 0"),
         ({"kv_cache_gib": 0}, "kv_cache_gib must be >= 1, got 0"),
+        ({"nice": -5}, "nice must be in 0..19 (a lower CPU priority for the engine), got -5"),
+        ({"nice": 20}, "nice must be in 0..19 (a lower CPU priority for the engine), got 20"),
         (
             {"device": "cuda", "kv_dir": Path("/kv")},
             "kv_dir is for the CPU's shared-folder connector; on cuda the KV goes through "
