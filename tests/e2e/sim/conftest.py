@@ -1,0 +1,128 @@
+"""The PD stack on sim workers, as real processes on loopback (no vLLM).
+
+``sim_stack`` (module scope) migrates a SQLite database, mints keys, starts the control
+plane (``goodput controlplane serve``), a prefill and a decode sim worker (``goodput worker
+--engine sim``, sharing a KV folder, registered through the agent) and the PD gateway
+shipping its records to the control plane — each in its own process group, stopped
+(SIGTERM, then SIGKILL) at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from goodput._demo_processes import ChildProcess, pick_port, run_cli
+
+HOST = "127.0.0.1"
+MODEL = "llama-3.1-8b"
+PROFILE = "h100-llama3.1-8b"
+# The instances both sides run: no step-time jitter (the comparison isolates what real
+# time adds), and a decode batch of at most 12 sequences, so that azure_conv at 1x queues
+# on the decode worker now and then (docs/sim-worker.md).
+SIM_CONFIG = "jitter=0,max_seqs=12"
+
+
+@dataclass
+class SimStack:
+    directory: Path
+    cp_url: str
+    gateway_url: str
+    workers: dict[str, str]
+    keys: dict[str, str]
+    children: list[ChildProcess] = field(default_factory=list)
+
+    def headers(self, role: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[role]}"}
+
+    def get(self, path: str, role: str = "viewer", **params: Any) -> Any:
+        response = httpx.get(
+            f"{self.cp_url}{path}", params=params, headers=self.headers(role), timeout=10
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def post(self, path: str, body: dict[str, Any], role: str = "operator") -> Any:
+        response = httpx.post(
+            f"{self.cp_url}{path}", json=body, headers=self.headers(role), timeout=10
+        )
+        assert response.status_code in (200, 201), response.text
+        return response.json()
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
+
+
+def _wait(url: str, child: ChildProcess, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} not ready in {timeout_s:g} s"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
+    directory = tmp_path_factory.mktemp("sim-stack")
+    env = {**os.environ, "GOODPUT_DATABASE_URL": f"sqlite:///{directory / 'goodput.db'}"}
+    run_cli(env, "db", "upgrade")
+    keys = {
+        role: run_cli(env, "admin", "create-key", "--role", role, "--name", f"e2e-{role}").strip()
+        for role in ("ingest", "agent", "viewer", "operator")
+    }
+    python = [sys.executable, "-m", "goodput"]
+    children: list[ChildProcess] = []
+
+    def start(name: str, argv: list[str]) -> ChildProcess:
+        child = ChildProcess([*python, *argv], env, directory / f"{name}.log")
+        children.append(child)
+        return child
+
+    try:
+        cp_port = pick_port(HOST, 0)
+        cp_url = f"http://{HOST}:{cp_port}"
+        cp = start("controlplane", ["controlplane", "serve", "--no-migrate", "--host", HOST,
+                                    "--port", str(cp_port)])  # fmt: skip
+        kv_dir = directory / "kv"
+        workers: dict[str, str] = {}
+        waits = [(f"{cp_url}/ready", cp)]
+        for seed, role in enumerate(("prefill", "decode")):
+            port = pick_port(HOST, 0)
+            workers[role] = f"http://{HOST}:{port}"
+            child = start(role, [
+                "worker", "--engine", "sim", "--profile", PROFILE, "--role", role,
+                "--host", HOST, "--port", str(port), "--kv-dir", str(kv_dir),
+                "--sim-config", SIM_CONFIG, "--seed", str(seed), "--control-plane", cp_url,
+                "--agent-key", keys["agent"], "--heartbeat-interval-s", "1",
+            ])  # fmt: skip
+            waits.append((f"{workers[role]}/health", child))
+        gw_port = pick_port(HOST, 0)
+        gateway_url = f"http://{HOST}:{gw_port}"
+        gateway = start("gateway", [
+            "gateway", "--host", HOST, "--port", str(gw_port),
+            "--prefill", workers["prefill"], "--decode", workers["decode"],
+            "--control-plane", cp_url, "--ingest-key", keys["ingest"],
+            "--agent-key", keys["agent"], "--viewer-key", keys["viewer"],
+            "--gateway-id", "e2e-sim-gateway", "--log-level", "WARNING",
+        ])  # fmt: skip
+        waits.append((f"{gateway_url}/health", gateway))
+        for url, child in waits:
+            _wait(url, child)
+        yield SimStack(directory, cp_url, gateway_url, workers, keys, children)
+    finally:
+        for child in reversed(children):
+            child.stop(timeout_s=15.0)
