@@ -1,0 +1,279 @@
+"""The control loops against their baselines in the cluster simulator (issue 6).
+
+For each trace (Azure code, Azure conversation, Mooncake) on a cluster of N Llama-3.1-8B
+tp1 H100 instances: the knee without control (the highest rate scale at which some static
+P:D split keeps attainment at the target, by bisection), the peak goodput, then every
+contender at 1.5×, 2× and 3× the knee from that split, and the best static split at each
+level (a sweep). Then a workload shift on Azure conversation (prompts ×4 from half-way),
+and stability (role changes per hour at 0.8× the knee). Contenders: no control, the
+Dynamo-style busy-threshold shedder, the Dynamo-style SLA planner (180 s and 10 s), our
+planner alone, our admission control alone, and both together ("ours") — the control
+loops when their adapters exist (``serving.sim.control.planner`` / ``.admission``).
+
+Last line, for ours (``null`` when its adapters are missing; ``baselines`` holds the same
+figures for the best baseline of each): ``{"overload_goodput_ratio"`` (min over traces and
+levels of goodput ÷ peak goodput; goal ≥ 0.9), ``"shift_goodput_ratio"`` (min over the two
+phases of goodput ÷ the best static split's in that phase; goal ≥ 0.9), ``"recovery_s"``
+(goal ≤ 60), ``"vs_dynamo_ratio"`` (geometric mean over the overload cells of goodput ÷ the
+better Dynamo-style planner's), ``"role_changes_per_h"`` (max over traces)``, ...}``.
+
+    python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
+
+``--quick``: 4 instances, 60-s overload runs, 120 s for the shift and stability (about
+3 minutes on a shared 2-core machine); the full run: 8 instances, 240-s overload runs,
+480 s shift, 600 s stability.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from exporters.slo import Metric, Objective  # noqa: E402
+from serving.sim.control.eval.contenders import Contender, baseline_contenders  # noqa: E402
+from serving.sim.control.eval.experiments import (  # noqa: E402
+    Capacity,
+    OverloadCell,
+    ShiftOutcome,
+    ShiftSetup,
+    StabilityOutcome,
+    capacity,
+    overload,
+    stability,
+    workload_shift,
+)
+from serving.sim.control.eval.ours import OURS, control_contenders  # noqa: E402
+from serving.sim.control.eval.report import (  # noqa: E402
+    overload_table,
+    shift_table,
+    stability_table,
+)
+from serving.sim.control.eval.scenario import Scenario  # noqa: E402
+
+TRACES = ("azure_code", "azure_conv", "mooncake")
+LEVELS = (1.5, 2.0, 3.0)
+SHIFT_TRACE = "azure_conv"
+SHIFT_SLO = (Objective(Metric.TTFT, 1.0), Objective(Metric.ITL, 0.05))
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    instances: int
+    overload_s: float
+    shift_s: float
+    stability_s: float
+
+
+QUICK = Size(instances=4, overload_s=60.0, shift_s=120.0, stability_s=120.0)
+FULL = Size(instances=8, overload_s=240.0, shift_s=480.0, stability_s=600.0)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarise(
+    name: str,
+    cells: list[OverloadCell],
+    shift: list[ShiftOutcome],
+    stable: list[StabilityOutcome],
+) -> dict[str, float | str | None]:
+    """The headline figures for contender ``name``."""
+    mine = [c for c in cells if c.contender == name]
+    best_dynamo: dict[tuple[str, float], float] = {}
+    for c in cells:
+        if c.contender.startswith("dynamo planner"):
+            key = (c.trace, c.level)
+            best_dynamo[key] = max(best_dynamo.get(key, 0.0), c.outcome.goodput_rps)
+    vs = [
+        c.outcome.goodput_rps / best_dynamo[(c.trace, c.level)]
+        for c in mine
+        if best_dynamo.get((c.trace, c.level), 0.0) > 0
+    ]
+    shifted = next((s for s in shift if s.contender == name), None)
+    stab = [s.role_changes_per_h for s in stable if s.contender == name]
+    return {
+        "overload_goodput_ratio": round(min(c.goodput_ratio for c in mine), 4) if mine else None,
+        "shift_goodput_ratio": round(min(shifted.phase_ratios), 4) if shifted else None,
+        "recovery_s": _recovery(shifted),
+        "vs_dynamo_ratio": round(g, 4) if (g := _geomean(vs)) is not None else None,
+        "role_changes_per_h": round(max(stab), 2) if stab else None,
+    }
+
+
+def _recovery(shifted: ShiftOutcome | None) -> float | str | None:
+    """Seconds, ``"never"`` when attainment had not recovered by the end, or ``None``."""
+    if shifted is None:
+        return None
+    return round(shifted.recovery_s, 1) if math.isfinite(shifted.recovery_s) else "never"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="4 instances, 60-s runs")
+    parser.add_argument("--out", type=Path, help="write results.json and tables.md here")
+    parser.add_argument("--plots", type=Path, help="write the PNG plots here")
+    parser.add_argument("--traces", nargs="+", choices=TRACES, default=list(TRACES))
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
+    wall0 = time.perf_counter()
+    control, missing = control_contenders()
+    contenders: list[Contender] = [*baseline_contenders(), *control]
+    log(f"contenders: {[c.name for c in contenders]}; missing adapters: {missing}")
+
+    caps: dict[str, Capacity] = {}
+    cells: list[OverloadCell] = []
+    peaks: dict[str, float] = {}
+    for trace in args.traces:
+        t0 = time.perf_counter()
+        scenario = Scenario(trace, size.instances, size.overload_s)
+        cap = caps[trace] = capacity(scenario)
+        log(
+            f"{trace}: knee {cap.rate:.3f}x on {cap.split[0]}P:{cap.split[1]}D "
+            f"({cap.num_runs} runs, {time.perf_counter() - t0:.0f} s)"
+        )
+        peak, trace_cells = overload(scenario, cap, contenders, levels=LEVELS)
+        peaks[trace] = peak
+        cells += trace_cells
+        log(f"{trace}: overload done ({time.perf_counter() - t0:.0f} s)")
+
+    t0 = time.perf_counter()
+    shift_scenario = Scenario(SHIFT_TRACE, size.instances, size.shift_s, objectives=SHIFT_SLO)
+    setup, shifts = workload_shift(shift_scenario, contenders)
+    log(f"shift done ({time.perf_counter() - t0:.0f} s)")
+
+    t0 = time.perf_counter()
+    stable: list[StabilityOutcome] = []
+    for trace in args.traces:
+        scenario = Scenario(trace, size.instances, size.stability_s)
+        for contender in contenders:
+            if contender.plans:
+                stable.append(stability(scenario, caps[trace], contender))
+    log(f"stability done ({time.perf_counter() - t0:.0f} s)")
+
+    tables = "\n\n".join(
+        [
+            overload_table(cells, caps, peaks),
+            shift_table(setup, shifts),
+            stability_table(stable),
+        ]
+    )
+    log(tables)
+    results = _results(size, caps, peaks, cells, setup, shifts, stable, missing)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (args.out / "tables.md").write_text(tables + "\n")
+    if args.plots:
+        from serving.sim.control.eval.plots import write_plots
+
+        for path in write_plots(
+            args.plots, cells=cells, caps=caps, peaks=peaks, shifts=shifts, setup=setup
+        ):
+            log(f"wrote {path}")
+
+    names = {c.name for c in contenders}
+    headline: dict[str, object] = dict.fromkeys(
+        (
+            "overload_goodput_ratio",
+            "shift_goodput_ratio",
+            "recovery_s",
+            "vs_dynamo_ratio",
+            "role_changes_per_h",
+        )
+    )
+    if OURS in names:
+        headline.update(summarise(OURS, cells, shifts, stable))
+    headline["ours_available"] = OURS in names
+    headline["missing"] = missing
+    headline["baselines"] = {
+        name: summarise(name, cells, shifts, stable) for name in sorted(names - {OURS})
+    }
+    headline["peak_goodput_rps"] = {t: round(p, 3) for t, p in peaks.items()}
+    headline["knee_rate_scale"] = {t: round(c.rate, 3) for t, c in caps.items()}
+    headline["instances"] = size.instances
+    headline["wall_s"] = round(time.perf_counter() - wall0, 1)
+    print(json.dumps(headline))
+
+
+def _results(
+    size: Size,
+    caps: dict[str, Capacity],
+    peaks: dict[str, float],
+    cells: list[OverloadCell],
+    setup: ShiftSetup,
+    shifts: list[ShiftOutcome],
+    stable: list[StabilityOutcome],
+    missing: list[str],
+) -> dict[str, object]:
+    return {
+        "size": dataclasses.asdict(size),
+        "missing": missing,
+        "capacity": {
+            t: {
+                "split": list(c.split),
+                "knee": c.rate,
+                "knees": {f"{p}P:{d}D": k for (p, d), k in c.knees.items()},
+                "peak_goodput_rps": peaks[t],
+                "runs": c.num_runs,
+            }
+            for t, c in caps.items()
+        },
+        "overload": [
+            {
+                "trace": c.trace,
+                "level": c.level,
+                "contender": c.contender,
+                "goodput_ratio": round(c.goodput_ratio, 4),
+                **c.outcome.row(),
+            }
+            for c in cells
+        ],
+        "shift": {
+            "rate_scale": setup.rate,
+            "initial_split": list(setup.split),
+            "short_knee": setup.short.rate,
+            "long_knee": setup.long.rate,
+            "runs": [
+                {
+                    "contender": s.contender,
+                    "phase_goodput_rps": s.phase_goodput_rps,
+                    "best_static_rps": s.best_static_rps,
+                    "best_static_splits": [list(x) for x in s.best_static_splits],
+                    "phase_ratios": s.phase_ratios,
+                    "recovery_s": s.recovery_s,
+                    **s.outcome.row(),
+                }
+                for s in shifts
+            ],
+        },
+        "stability": [
+            {
+                "trace": s.trace,
+                "contender": s.contender,
+                "load": s.load,
+                "role_changes_per_h": s.role_changes_per_h,
+                "moved_jobs": s.outcome.moved_jobs,
+                **s.outcome.row(),
+            }
+            for s in stable
+        ],
+    }
+
+
+if __name__ == "__main__":
+    main()

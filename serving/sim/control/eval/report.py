@@ -1,0 +1,113 @@
+"""Markdown tables of an evaluation (pasted into docs/experiments/control.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from serving.sim.control.eval.experiments import (
+    Capacity,
+    OverloadCell,
+    ShiftOutcome,
+    ShiftSetup,
+    StabilityOutcome,
+)
+
+__all__ = ["overload_table", "shift_table", "stability_table"]
+
+
+def _split(split: tuple[int, int]) -> str:
+    return f"{split[0]}P:{split[1]}D"
+
+
+def _pct(ratio: float) -> str:
+    return f"{100.0 * ratio:.0f} %"
+
+
+def overload_table(
+    cells: Sequence[OverloadCell], caps: Mapping[str, Capacity], peaks: Mapping[str, float]
+) -> str:
+    """Per trace, per contender: goodput ÷ peak at each level (attainment, rejected)."""
+    levels = sorted({c.level for c in cells})
+    lines = [
+        "| trace | contender | " + " | ".join(f"{lvl:g}× knee" for lvl in levels) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
+    ]
+    for trace, cap in caps.items():
+        names = list(dict.fromkeys(c.contender for c in cells if c.trace == trace))
+        label = (
+            f"{trace} (knee {cap.rate:.2f}× on {_split(cap.split)}, peak {peaks[trace]:.2f} req/s)"
+        )
+        for name in names:
+            row = []
+            for lvl in levels:
+                cell = next(
+                    (
+                        c
+                        for c in cells
+                        if c.trace == trace and c.level == lvl and c.contender == name
+                    ),
+                    None,
+                )
+                if cell is None:
+                    row.append("–")
+                    continue
+                out = cell.outcome
+                extra = f"{_split(out.split)}, " if name == "best static" else ""
+                row.append(
+                    f"**{cell.goodput_ratio:.2f}** ({extra}att {_pct(out.attainment_ratio)}, "
+                    f"rej {_pct(out.rejected_ratio)})"
+                )
+            lines.append(f"| {label} | {name} | " + " | ".join(row) + " |")
+            label = ""
+    return "\n".join(lines)
+
+
+def shift_table(setup: ShiftSetup, outcomes: Sequence[ShiftOutcome]) -> str:
+    """Per contender: goodput per phase against the phase's best static split, recovery."""
+    first = outcomes[0] if outcomes else None
+    head = (
+        f"Shift at {setup.shift_s:g} s: prompts ×{setup.factor:g}; rate {setup.rate:.3f}× "
+        f"(0.8 × the long-prompt knee {setup.long.rate:.3f}×); start split "
+        f"{_split(setup.split)}"
+    )
+    if first is not None:
+        s1, s2 = first.best_static_splits
+        b1, b2 = first.best_static_rps
+        head += (
+            f"; best static: phase 1 {_split(s1)} {b1:.2f} req/s, "
+            f"phase 2 {_split(s2)} {b2:.2f} req/s"
+        )
+    lines = [
+        head,
+        "",
+        "| contender | phase 1 goodput (÷ best static) | phase 2 goodput (÷ best static) | "
+        "recovery | role changes | rejected |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for o in outcomes:
+        r1, r2 = o.phase_ratios
+        g1, g2 = o.phase_goodput_rps
+        recovery = f"{o.recovery_s:.0f} s" if math.isfinite(o.recovery_s) else "never"
+        lines.append(
+            f"| {o.contender} | {g1:.2f} req/s (**{r1:.2f}**) | {g2:.2f} req/s (**{r2:.2f}**) | "
+            f"{recovery} | {len(o.outcome.role_changes)} | {_pct(o.outcome.rejected_ratio)} |"
+        )
+    return "\n".join(lines)
+
+
+def stability_table(outcomes: Sequence[StabilityOutcome]) -> str:
+    """Per trace and planner: role changes per hour, requests held by moved instances and
+    how many of them were dropped, attainment."""
+    lines = [
+        "| trace | contender | load | role changes / h | requests on moved instances | "
+        "dropped | attainment |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in outcomes:
+        out = s.outcome
+        lines.append(
+            f"| {s.trace} | {s.contender} | {s.load:g}× knee | {s.role_changes_per_h:.1f} | "
+            f"{out.moved_jobs} | {out.dropped_jobs} | {_pct(out.attainment_ratio)} |"
+        )
+    return "\n".join(lines)
