@@ -148,6 +148,7 @@ class WorkerSupervisor:
         self.spec = spec
         self.settings = settings or SupervisorSettings()
         self.server: ServerHandle = server or VllmServer(spec, run_dir=run_dir)
+        self._http = httpx.Client()  # the load scrapes (a pooled client: see VllmServer)
         if kv_folder is None and spec.kv_dir is not None:
             kv_folder = KVFolder.for_model(spec.kv_dir, spec.model)
         self.kv_folder = kv_folder
@@ -347,7 +348,7 @@ class WorkerSupervisor:
 
     def _scrape_load(self) -> None:
         try:
-            response = httpx.get(f"{self.url}/metrics", timeout=self.settings.health_timeout_s)
+            response = self._http.get(f"{self.url}/metrics", timeout=self.settings.health_timeout_s)
             response.raise_for_status()
             load = parse_load(response.text)
         except (httpx.HTTPError, ValueError) as exc:
