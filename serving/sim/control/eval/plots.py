@@ -37,7 +37,7 @@ def write_plots(
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     traces = list(caps)
-    fig, axes = plt.subplots(1, len(traces), figsize=(3.4 * len(traces), 3.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(traces), figsize=(3.4 * len(traces), 3.6), squeeze=False)
     for ax, trace in zip(axes[0], traces, strict=True):
         names = list(dict.fromkeys(c.contender for c in cells if c.trace == trace))
         for name in names:
@@ -59,8 +59,9 @@ def write_plots(
         ax.set_ylim(0, 1.25)
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("goodput ÷ peak", fontsize=8)
-    axes[0][-1].legend(fontsize=6, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(len(labels), 4))
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     path = folder / "control_overload.png"
     fig.savefig(path, dpi=80)
     plt.close(fig)
