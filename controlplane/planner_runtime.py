@@ -369,15 +369,12 @@ class PlannerRuntime:
                 sa.select(RoleMove).where(RoleMove.state.in_(automation.OPEN_MOVES))
             )
         }
-        last_change = dict(
-            (
-                await session.execute(
-                    sa.select(RoleMove.member_id, sa.func.max(RoleMove.updated_at))
-                    .where(RoleMove.state == MoveState.DONE)
-                    .group_by(RoleMove.member_id)
-                )
-            ).tuples()
+        changes = await session.execute(
+            sa.select(RoleMove.member_id, sa.func.max(RoleMove.updated_at))
+            .where(RoleMove.state == MoveState.DONE)
+            .group_by(RoleMove.member_id)
         )
+        last_change = {member_id: at for member_id, at in changes}
         decode = sum(1 for m in members.values() if m.role is FleetRole.DECODE)
         with self._learn_lock:
             self._decode_instances = max(decode, 1)
