@@ -1,12 +1,14 @@
 """The control plane's FastAPI application: ``create_app(settings) -> FastAPI``.
 
 The lifespan opens the database (``app.state.engine``, ``app.state.sessions``; nothing
-connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`)
-and the PD planner tick (``app.state.planner``, ``controlplane.planner_runtime``; when
-``settings.planner_enabled``), then enters the extra lifespans it was given, in order
-(control loops, ...), and closes them in reverse. The app starts and answers ``/health``
-with the database down or not migrated (``/ready`` says why it is not ready). Every API
-route must declare a role (``controlplane.api.auth``): the app refuses to start otherwise.
+connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`),
+the PD planner tick (``app.state.planner``, ``controlplane.planner_runtime``; when
+``settings.planner_enabled``) and the admission policy loop (``app.state.admission``,
+``controlplane.admission_runtime``; when ``settings.admission_enabled``), then enters
+the extra lifespans it was given, in order (control loops, ...), and closes them in
+reverse. The app starts and answers ``/health`` with the database down or not migrated
+(``/ready`` says why it is not ready). Every API route must declare a role
+(``controlplane.api.auth``): the app refuses to start otherwise.
 
 Example::
 
@@ -36,6 +38,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 
+from controlplane.admission_runtime import admission_lifespan
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
 from controlplane.api.routes import (
@@ -91,7 +94,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         try:
             async with AsyncExitStack() as stack:
                 # The live goodput engine first: later lifespans may use app.state.live.
-                for extra in (live_lifespan, planner_lifespan, *lifespans):
+                for extra in (live_lifespan, planner_lifespan, admission_lifespan, *lifespans):
                     await stack.enter_async_context(extra(app))
                 yield
         finally:

@@ -14,7 +14,6 @@ import httpx
 import pytest
 import uvicorn
 
-from controlplane.admission_runtime import admission_lifespan
 from controlplane.db import utcnow
 from controlplane.main import create_app
 from controlplane.models import Role
@@ -69,7 +68,7 @@ async def test_policy_pushed_applied_acked_and_sheddable_requests_get_429(
     settings = Settings(
         database_url=postgresql_url, admission_interval_s=0.2, admission_policy_ttl_s=30.0
     )
-    cp_app = create_app(settings, lifespans=[admission_lifespan])
+    cp_app = create_app(settings)
     async with serving(cp_app) as cp_url:
         keys: dict[str, str] = {}
         async with cp_app.state.sessions() as session, session.begin():
