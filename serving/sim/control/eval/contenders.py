@@ -7,9 +7,10 @@ admission adapter ``serving.sim.control.admission``, helper H5's planner adapter
 their modules exist, and left out otherwise — :func:`available_contenders` says which.
 
 :class:`Combined` runs one admission policy and one planner as a single
-:class:`~serving.sim.cluster.SimPolicy`: requests go through the admission policy; each
-runs ``plan`` on its own schedule (the admission policy may use its snapshots to refresh
-what it decides from), and the planner's plan is the one applied.
+:class:`~serving.sim.cluster.SimPolicy`: every request is shown to the planner (it measures
+the offered demand from arrivals; its own decision is ignored) and decided by the
+admission policy; each runs ``plan`` on its own schedule (the admission policy refreshes
+from its snapshots what it decides from), and the planner's plan is the one applied.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Combined:
         self._next = {"admission": 0.0, "planner": 0.0}
 
     def admit(self, info: RequestInfo) -> Decision:
+        self.planner.admit(info)  # the planner observes every arrival (offered demand)
         return self.admission.admit(info)
 
     def plan(self, snapshot: ClusterSnapshot) -> Mapping[str, PoolRole]:

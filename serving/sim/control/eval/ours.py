@@ -15,7 +15,7 @@ from typing import Any
 from exporters.slo import Metric
 from serving.sim.cluster import SimPolicy
 from serving.sim.cluster.spec import ClusterSpec
-from serving.sim.control.eval.contenders import Contender
+from serving.sim.control.eval.contenders import Combined, Contender
 from serving.sim.control.eval.scenario import Scenario
 
 __all__ = [
@@ -50,8 +50,8 @@ def _profile(scenario: Scenario, split: tuple[int, int]) -> str:
 
 
 def _admission_factory(module: ModuleType) -> Callable[[Scenario, tuple[int, int]], Any] | None:
-    """H4's adapter, built with the scenario's SLO (its constructor is probed by name)."""
-    make = getattr(module, "AdmissionPolicy", None) or getattr(module, "SimAdmission", None)
+    """H4's adapter (``SimAdmission``), built with the scenario's SLO and profile."""
+    make = getattr(module, "SimAdmission", None)
     if make is None:
         return None
 
@@ -89,10 +89,12 @@ def control_contenders() -> tuple[list[Contender], list[str]]:
     def ours(with_admission: bool) -> Callable[[Scenario, tuple[int, int]], SimPolicy]:
         def build(scenario: Scenario, split: tuple[int, int]) -> SimPolicy:
             ttft_s, itl_s = slo_thresholds(scenario)
-            gate = admission_make(scenario, split) if with_admission and admission_make else None
             policy: SimPolicy = planner.PlannerPolicy(
-                profile=_profile(scenario, split), ttft_s=ttft_s, itl_s=itl_s, admission=gate
+                profile=_profile(scenario, split), ttft_s=ttft_s, itl_s=itl_s
             )
+            if with_admission and admission_make is not None:
+                # Each loop on its own tick (admission 1 s, planner 5 s by default).
+                return Combined(admission_make(scenario, split), policy)
             return policy
 
         return build
