@@ -175,7 +175,7 @@ def _run(
                 "worker", "--engine", "sim", "--profile", SIM_PROFILE, "--port", str(port),
                 "--host", host, "--role", role, "--kv-dir", str(kv_dir),
                 "--served-model-name", SIM_SERVED_MODEL, "--control-plane", cp_url,
-                "--agent-key", keys.agent, "--seed", str(core),
+                "--agent-key", keys.agent, "--ingest-key", keys.ingest, "--seed", str(core),
             ]))  # fmt: skip
             continue
         workers[role] = (f"http://{host}:{port}", start(role, [

@@ -14,6 +14,7 @@ jitter, link), so a sim worker and a simulated instance are configured alike.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -139,17 +140,28 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     engine, settings, handoff, control = build_worker(spec)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    stops: list[Callable[[], object]] = []
+    if spec.control_plane and spec.ingest_key:  # engine records, as the vLLM plugin ships
+        from exporters.transport import ControlPlaneExporter
+        from serving.sim.worker.records import EngineRecords
+
+        exporter = ControlPlaneExporter(
+            spec.control_plane, api_key=spec.ingest_key, exporter_id=f"sim-{spec.host}:{spec.port}"
+        )
+        EngineRecords(engine, exporter, model=settings.served_model_name).attach()
+        stops.append(lambda: exporter.shutdown(timeout_s=5.0))
     runner = None
     if agent is not None:
         agent = replace(agent, model=settings.served_model_name)
         runner = Agent(agent, report=control.report, apply=control.apply_command)
+        stops.insert(0, runner.stop)
     app = create_app(
         engine,
         settings,
         handoff,
         control,
         on_start=runner.start if runner is not None else None,
-        on_stop=runner.stop if runner is not None else None,
+        on_stop=lambda: _run_all(stops),
     )
     logging.getLogger(__name__).info(
         "sim worker %s: %s (%s batching, max_num_seqs %d, KV %d tokens, max_model_len %d, "
@@ -159,6 +171,11 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
         settings.served_model_name,
     )  # fmt: skip
     uvicorn.run(app, host=spec.host, port=spec.port, log_level="warning", access_log=False)
+
+
+def _run_all(calls: list[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
 
 
 def cli_main(

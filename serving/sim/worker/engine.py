@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from serving.sim.latency_model import LatencyModel
 from serving.sim.worker.prompts import PromptInfo
 from serving.workers.load import WorkerLoad
 
-__all__ = ["EngineCounters", "SimEngine", "SimRequest", "TooLongError"]
+__all__ = ["EngineCounters", "EngineListener", "SimEngine", "SimRequest", "TooLongError"]
 
 _INF = math.inf
 # Histogram buckets (seconds) of vLLM's own latency histograms.
@@ -130,6 +132,13 @@ class SimRequest:
         return self.job.cached_tokens + self.external_tokens
 
 
+class EngineListener(Protocol):
+    """Told of each request's first token and end (virtual seconds), on the loop thread."""
+
+    def first_token(self, request: SimRequest, at_s: float) -> None: ...
+    def finished(self, request: SimRequest, at_s: float) -> None: ...
+
+
 class SimEngine:
     """The instance model in real time (see the module docstring).
 
@@ -162,6 +171,8 @@ class SimEngine:
         self._vnow = 0.0  # the latest virtual time the instance has been driven to
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = _INF
+        self.wall_at_zero_s = 0.0  # time.time() at virtual 0
+        self.listener: EngineListener | None = None
 
     # -- clock ------------------------------------------------------------------------
 
@@ -169,6 +180,7 @@ class SimEngine:
         """Bind to the running loop; virtual time 0 is now."""
         self._loop = loop or asyncio.get_running_loop()
         self._t0 = self._loop.time()
+        self.wall_at_zero_s = time.time()
 
     def now(self) -> float:
         """Virtual seconds since :meth:`start`."""
@@ -311,6 +323,8 @@ class SimEngine:
         c.prefix_queries += job.prompt_tokens - external
         c.prefix_hits += cached
         c.ttft.observe(np.array([at - request.arrival_s]))
+        if self.listener is not None:
+            self.listener.first_token(request, at)
 
     def _finish(self, request: SimRequest, at: float) -> None:
         request.done = True
@@ -322,6 +336,8 @@ class SimEngine:
         times = request.job.emission_times()
         if times.size > 1:
             c.itl.observe(np.diff(times))
+        if self.listener is not None:
+            self.listener.finished(request, at)
         request.event.set()
 
     def note_transfer_query(self, prompt_tokens: int, hit: bool) -> None:

@@ -107,7 +107,8 @@ def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
                 "worker", "--engine", "sim", "--profile", PROFILE, "--role", role,
                 "--host", HOST, "--port", str(port), "--kv-dir", str(kv_dir),
                 "--sim-config", SIM_CONFIG, "--seed", str(seed), "--control-plane", cp_url,
-                "--agent-key", keys["agent"], "--heartbeat-interval-s", "1",
+                "--agent-key", keys["agent"], "--ingest-key", keys["ingest"],
+                "--heartbeat-interval-s", "1",
             ])  # fmt: skip
             waits.append((f"{workers[role]}/health", child))
         gw_port = pick_port(HOST, 0)

@@ -1,0 +1,83 @@
+"""Engine-vantage records of a sim worker, built by the vLLM plugin's own builder.
+
+A vLLM worker ships one ``ENGINE`` record per finished request from its stat-logger
+plugin (:mod:`serving.vllm_plugin`); a sim worker ships the same records, built by the
+same :class:`~serving.vllm_plugin.records.EngineRecordBuilder` from what vLLM would have
+reported: each first token (its iteration's time, the TTFT and the prompt tokens that
+arrived by KV transfer) and each finished request (end-to-end latency, queued, prefill
+and decode times, token counts, finish reason), all from the modelled schedule placed on
+the wall clock (virtual 0 = the wall time the engine started). Request ids are the
+``x-request-id`` each leg was sent with, so the gateway's record joins the decode leg's
+and ``<id>-prefill`` names the prefill leg's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exporters.transport import ControlPlaneExporter
+from serving.sim.worker.engine import SimEngine, SimRequest
+from serving.vllm_plugin.records import EngineRecordBuilder
+
+__all__ = ["EngineRecords"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """The fields of vLLM's ``FinishedRequestStats`` the builder reads."""
+
+    request_id: str
+    finish_reason: str
+    e2e_latency: float
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+
+
+def _or(value: float, default: float) -> float:
+    return default if math.isnan(value) else value
+
+
+class EngineRecords:
+    """Listens to ``engine`` and ships its records through ``exporter``; install with
+    :meth:`attach`."""
+
+    def __init__(self, engine: SimEngine, exporter: ControlPlaneExporter, *, model: str) -> None:
+        self.engine = engine
+        self.exporter = exporter
+        self.builder = EngineRecordBuilder(
+            model=model, kv_bytes_per_token=engine.kv_bytes_per_token
+        )
+
+    def attach(self) -> EngineRecords:
+        self.engine.listener = self
+        return self
+
+    def first_token(self, request: SimRequest, at_s: float) -> None:
+        self.builder.observe_first_tokens(
+            self.engine.wall_at_zero_s + at_s, [at_s - request.arrival_s],
+            request.external_tokens,
+        )  # fmt: skip
+
+    def finished(self, request: SimRequest, at_s: float) -> None:
+        job = request.job
+        first = request.first_token_s if request.seen else at_s
+        queued = _or(job.queued_s, request.arrival_s)
+        start = _or(job.prefill_start_s, first)
+        end = _or(job.prefill_end_s, start)
+        finished = _Finished(
+            request_id=request.request_id,
+            finish_reason=request.finish_reason,
+            e2e_latency=at_s - request.arrival_s,
+            queued_time=max(0.0, start - queued),
+            prefill_time=max(0.0, end - start),
+            decode_time=max(0.0, at_s - first),
+            num_prompt_tokens=job.prompt_tokens,
+            num_generation_tokens=request.seen,
+            num_cached_tokens=request.cached_tokens,
+        )
+        self.exporter.export(self.builder.build(finished, self.engine.wall_at_zero_s + at_s))
