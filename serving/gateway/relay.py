@@ -15,7 +15,9 @@ The PD sequence (docs/gateway.md):
 2. ``PREFILL_END`` = ``KV_HANDOFF_START``: the same request to the decode instance, which
    finds the prompt's KV cache and loads it instead of recomputing.
 3. ``KV_HANDOFF_END`` at the decode instance's first token; then every chunk is relayed
-   the moment it is complete and counted (``tokens(k)``) on the way.
+   the moment it is complete and its tokens recorded (``tokens(k)``) once it has been
+   written to the client's connection: the emission times are when tokens left the
+   gateway, the same instants a client's TTFT and ITL are made of.
 
 Failures: a prefill instance that cannot be reached, times out or answers 5xx is marked
 down and the prefill is retried once on another; the same holds for opening the decode
@@ -330,15 +332,15 @@ class _Job:
             async for data in response.aiter_raw():
                 for event in splitter.feed(data):
                     out, k = acct.process(event)
-                    if k:
-                        if not landed:
-                            landed = True
-                            self._kv_landed()
-                        trace.tokens(k)
+                    if k and not landed:
+                        landed = True
+                        self._kv_landed()  # the decode instance's first token is here
                     if out is not None:
                         await self.send(
                             {"type": "http.response.body", "body": out, "more_body": True}
                         )
+                    if k:  # when they left for the client, as a client's TTFT counts them
+                        trace.tokens(k)
         except httpx.HTTPError as exc:
             outcome = "error"
             gw.pool.mark_down(target.id, gw.clock_s())

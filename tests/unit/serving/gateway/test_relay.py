@@ -376,3 +376,30 @@ async def test_a_non_streaming_answer_that_breaks_is_a_502(pd: Harness) -> None:
         "decode answer from http://d1:8000 broke: ReadError"
     )
     assert pd.record().status == Status.ERROR
+
+
+async def test_tokens_are_recorded_when_written_to_the_client() -> None:
+    # A client connection that takes 20 ms per write: a token's time is when it left for
+    # the client (what a client's TTFT and ITL are made of), not when the upstream sent it.
+    harness = Harness(GatewayConfig(colocated=(D1,)), FakeUpstreams(D1))
+    app = harness.app
+    write_s = 0.02
+
+    async def slow_client(scope: Any, receive: Any, send: Any) -> None:
+        async def slow_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                await asyncio.sleep(write_s)
+            await send(message)
+
+        await app(scope, receive, slow_send)
+
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(slow_client), base_url="http://gw")
+    async with app.router.lifespan_context(app), client:
+        response = await client.post("/v1/completions", json={
+            "model": "m", "prompt": "hi", "max_tokens": 4, "stream": True})  # fmt: skip
+    assert response.status_code == 200
+    record = harness.record()
+    assert record.output_tokens == 4
+    offsets_s = record.emission_offsets_us / 1e6
+    assert offsets_s[0] >= write_s
+    assert (np.diff(offsets_s) >= write_s * 0.9).all(), offsets_s
