@@ -227,6 +227,7 @@ class Simulator:
         next_flush = options.flush_interval_s
         i = in_flight = finished = rejected = errors = events = 0
         now = 0.0
+        closed = False
         while True:
             if i < total and (not heap or arrivals[i] <= heap[0][0]):
                 now = arrivals[i]
@@ -286,16 +287,25 @@ class Simulator:
                 if inst.version != version and inst.next_event_s < math.inf:
                     push(heap, (inst.next_event_s, next(seq), _STEP, target, inst.version))
                 continue
+            if i == total and not closed:
+                # The trace has ended: static and dynamic batches stop waiting to fill.
+                closed = True
+                for k, inst in enumerate(insts):
+                    version = inst.version
+                    inst.close(now)
+                    if inst.version != version and inst.next_event_s < math.inf:
+                        push(heap, (inst.next_event_s, next(seq), _STEP, k, inst.version))
             if not heap:
                 break
-            now, _, kind, payload, version = pop(heap)
-            events += 1
+            at, _, kind, payload, version = pop(heap)
             if kind == _STEP:
                 k = payload
                 inst = insts[k]
                 if version != inst.version:
-                    events -= 1
-                    continue
+                    continue  # stale: the instance was replanned (its time is not an event)
+            now = at
+            events += 1
+            if kind == _STEP:
                 for job in inst.step(now):
                     if job.mode is _PREFILL:
                         decode = job.tag

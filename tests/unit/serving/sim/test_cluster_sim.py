@@ -253,3 +253,17 @@ def test_an_overloaded_cluster_queues_and_its_goodput_falls() -> None:
     assert light.stats.attainment_ratio is not None and heavy.stats.attainment_ratio is not None
     assert heavy.stats.attainment_ratio < light.stats.attainment_ratio
     assert max(heavy.series.waiting["prefill"]) > max(light.series.waiting["prefill"])
+
+
+@pytest.mark.parametrize("strategy", ["static", "dynamic"])
+@pytest.mark.parametrize("colocated", [0, 3])
+def test_partial_static_batches_start_when_the_trace_ends(strategy: str, colocated: int) -> None:
+    # 13 requests over 3 instances never fill batches of 8: the end of the trace closes the
+    # instances, so the partial batches run instead of waiting forever.
+    cluster = f"strategy={strategy},batch_size=8,batch_window=30"
+    if not colocated:
+        cluster += ",prefill=1,decode=2"
+    result = simulate(cluster, synthetic_trace(13, rate=20.0), colocated=colocated, duration_s=0.6)
+    assert 0 < result.num_requests < 16
+    assert result.num_finished == result.num_requests
+    assert result.end_s < 30.0
