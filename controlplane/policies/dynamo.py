@@ -241,7 +241,7 @@ class DynamoPlanner:
         if obs.num_requests <= 0:
             return {}
         fixed = [i for i in instances if i.pinned or i.draining or i.role is Role.BOTH]
-        movable = [i for i in instances if i not in fixed]
+        movable = [i for i in instances if not (i.pinned or i.draining or i.role is Role.BOTH)]
         decision = dynamo_split(obs, self.profile, self.config, num_instances=len(instances))
         self.last = decision
         fixed_p = sum(1 for i in fixed if (i.moving_to or i.role) is Role.PREFILL)

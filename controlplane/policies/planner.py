@@ -331,7 +331,7 @@ def predict_splits(
     queued_prefill_tokens: float = 0.0,
     running_streams: float = 0.0,
     context_per_stream: float = 0.0,
-    ttft_correction: float = 1.0,
+    ttft_correction: float | F64 = 1.0,
 ) -> dict[str, F64]:
     """The model's figures for each candidate split (arrays of equal length): see the
     module docstring. ``prefill_rate`` is the mean per-instance prefill rate of the fleet."""
@@ -344,12 +344,12 @@ def predict_splits(
     rho_p = demand.prompt_tokens_per_s / (n_p * prefill_rate)
     stable_p = rho_p < 1.0
     safe_rho = np.where(stable_p, rho_p, 0.5)
-    burst = max(demand.arrival_scv, 0.1) * ttft_correction  # effective c_a²
+    burst = max(demand.arrival_scv, 0.1) * np.asarray(ttft_correction)  # effective c_a²
     # Kingman: the mean wait scales with v = (c_a² + c_s²)/2 (1/2 for M/D/1).
-    variability = max((burst + demand.service_scv) / 2.0, 0.05)
+    variability = np.maximum((burst + demand.service_scv) / 2.0, 0.05)
     mean_wait = np.where(stable_p, safe_rho * service_s * variability / (1.0 - safe_rho), np.inf)
     # P(wait > 0): ρ for Poisson arrivals (PASTA); within bursts nearly everyone waits.
-    p_wait = np.minimum(safe_rho * max(burst, 1.0), 1.0)
+    p_wait = np.minimum(safe_rho * np.maximum(burst, 1.0), 1.0)
     backlog_s = np.maximum(queued_prefill_tokens / (n_p * prefill_rate) - mean_wait, 0.0)
     slack = slo.ttft_s - service_s - model.kv_handoff_s - backlog_s
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -408,14 +408,9 @@ def _ttft_correction(
     if observed is None or not math.isfinite(observed):
         return 1.0
     size = _CORRECTIONS.size
-    predicted = np.array(
-        [
-            predict_splits(
-                np.array([cur_p]), np.array([cur_d]), ttft_correction=float(k), **common
-            )["ttft_attainment_ratio"][0]
-            for k in _CORRECTIONS
-        ]
-    )
+    predicted = predict_splits(
+        np.full(size, cur_p), np.full(size, cur_d), ttft_correction=_CORRECTIONS, **common
+    )["ttft_attainment_ratio"]
     if predicted[0] <= observed + 0.01:
         return 1.0
     below = np.nonzero(predicted <= observed)[0]
