@@ -295,8 +295,11 @@ class DynamoPolicy:
         n, isl, osl = self.arrivals.means(now)
         if n == 0:
             return {}
-        profile = _Profile(service_model(self.latency, isl))
-        planner = DynamoPlanner(profile, self.config)  # stateless between intervals
+        profile = _Profile(service_model(self.latency, isl))  # at this interval's ISL
+        if self._planner is None:
+            self._planner = DynamoPlanner(profile, self.config)
+        planner = self._planner
+        planner.profile = profile
         stats = snapshot.goodput[0] if snapshot.goodput else None
         decode = [v for v in snapshot.instances if v.role is PoolRole.DECODE]
         batch = sum(v.decode_streams for v in decode) / len(decode) if decode else None
@@ -311,6 +314,5 @@ class DynamoPolicy:
         )
         context = isl + 0.5 * osl
         moves = planner.plan(now, _instances(snapshot, context, {}), obs)
-        self._planner = planner
         self.num_moves += len(moves)
         return {k: PoolRole(v.value) for k, v in moves.items()}
