@@ -316,3 +316,47 @@ class DynamoPolicy:
         moves = planner.plan(now, _instances(snapshot, context, {}), obs)
         self.num_moves += len(moves)
         return {k: PoolRole(v.value) for k, v in moves.items()}
+
+
+def _compare(argv: list[str] | None = None) -> None:
+    """``python -m serving.sim.control.planner``: one trace and cluster under no control, our
+    planner and the Dynamo-style planner (180 s and a short interval); one line each."""
+    import argparse
+    import json
+
+    from serving.sim.cluster import SimOptions, Simulator, build_workload, parse_cluster
+    from serving.sim.cluster.policy import NoControl
+    from serving.traces import load_trace
+
+    parser = argparse.ArgumentParser(description=_compare.__doc__)
+    parser.add_argument("--trace", default="azure_code")
+    parser.add_argument("--rate-scale", type=float, default=2.0)
+    parser.add_argument("--cluster", default="prefill=1,decode=7,model=llama3.1-8b")
+    parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--short-interval", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    trace = load_trace(args.trace)
+    policies: list[tuple[str, SimPolicy]] = [
+        ("none", NoControl()),
+        ("planner", PlannerPolicy()),
+        ("dynamo_180s", DynamoPolicy(interval_s=180.0)),
+        (f"dynamo_{args.short_interval:g}s", DynamoPolicy(interval_s=args.short_interval)),
+    ]
+    for name, policy in policies:
+        work = build_workload(trace, rate_scale=args.rate_scale, duration_s=args.duration)
+        spec = parse_cluster(args.cluster)
+        stats = Simulator(spec, work, SimOptions(seed=args.seed), policy=policy).run().stats
+        row = {
+            "policy": name,
+            "goodput_rps": round(stats.goodput_rps, 3),
+            "attainment_ratio": None
+            if stats.attainment_ratio is None
+            else round(stats.attainment_ratio, 4),
+            "role_changes": getattr(policy, "num_moves", 0),
+        }
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    _compare()
