@@ -62,13 +62,44 @@ def _key_pattern_as_property_names(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = values
 
 
+# exporters.admission's number fields: ratios in (0, 1], rates > 0, amounts >= 0.
+Ratio = Annotated[float, Field(gt=0, le=1), NUMBER]
+Positive = Annotated[float, Field(gt=0), NUMBER]
+NonNegative = Annotated[float, Field(ge=0), NUMBER]
+
+
 class ClassPolicyIn(WireModel):
     shed_order: Annotated[int, Field(ge=0, le=1_000_000), NUMBER] = 0
     sheddable: Bool = True
     ttft_s: Seconds | None = None
+    headroom_ratio: Ratio = 1.0
+
+
+class SLOAdmissionIn(WireModel):
+    ttft_s: Seconds | None = None
+    itl_s: Seconds | None = None
+    burn_rate: NonNegative = 0.0
+    margin_ratio: Ratio = 1.0
+
+
+class AdmissionModelIn(WireModel):
+    prefill_tokens_per_s: Positive
+    instance_prefill_tokens_per_s: Annotated[
+        dict[Name, Positive],
+        Field(max_length=4096, json_schema_extra=_key_pattern_as_property_names),
+    ] = Field(default_factory=dict)
+    kv_handoff_s: NonNegative = 0.0
+    itl_base_s: NonNegative = 0.01
+    itl_per_stream_s: NonNegative = 0.0
+    itl_per_context_token_s: NonNegative = 0.0
+    max_decode_batch: Annotated[int, Field(ge=1, le=2**31 - 1), NUMBER] = 256
+    mean_decode_s: Positive = 5.0
+    mean_context_tokens: NonNegative = 1024.0
 
 
 class AdmissionPolicyIn(WireModel):
+    """``exporters.admission.AdmissionPolicy`` (docs/admission.md)."""
+
     version: Annotated[int, Field(ge=0, le=MAX_INT), NUMBER]
     ttl_s: Seconds
     fallback_max_concurrency: Annotated[int, Field(ge=1, le=2**31 - 1), NUMBER]
@@ -76,6 +107,16 @@ class AdmissionPolicyIn(WireModel):
         dict[Name, ClassPolicyIn],
         Field(max_length=64, json_schema_extra=_key_pattern_as_property_names),
     ] = Field(default_factory=dict)
+    slos: Annotated[
+        dict[Name, SLOAdmissionIn],
+        Field(max_length=1024, json_schema_extra=_key_pattern_as_property_names),
+    ] = Field(default_factory=dict)
+    model: AdmissionModelIn | None = None
+    tenant_weights: Annotated[
+        dict[Name, Positive],
+        Field(max_length=4096, json_schema_extra=_key_pattern_as_property_names),
+    ] = Field(default_factory=dict)
+    over_share_ratio: Ratio = 0.8
 
 
 class SetAdmissionPolicyPayload(WireModel):

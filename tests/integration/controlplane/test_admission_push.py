@@ -19,12 +19,13 @@ from controlplane.main import create_app
 from controlplane.models import Role
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
+from exporters.admission import AdmissionPolicy
 from serving.gateway import GatewayConfig
 from serving.gateway import create_app as create_gateway
 from serving.sim.worker.cli import SimWorkerSpec, build_worker
 from serving.sim.worker.server import create_app as create_sim_worker
 
-from .conftest import empty_tables
+from .conftest import MakeKey, bearer, empty_tables
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +182,39 @@ async def check_push_and_shedding(
 
     stats = await eventually(rejected)
     assert stats["availability_ratio"] == pytest.approx(0.5)
+
+
+async def test_operators_issue_full_policies_and_bad_fields_are_named(
+    client: httpx.AsyncClient, make_key: MakeKey, operator_headers: dict[str, str]
+) -> None:
+    agent = bearer(await make_key(Role.AGENT, name="adm-agent"))
+    member = {"id": GATEWAY_ID, "kind": "gateway", "endpoint": "http://127.0.0.1:9"}
+    registered = await client.post("/api/v1/fleet/register", json=member, headers=agent)
+    assert registered.status_code == 200, registered.text
+    policy = {
+        "version": 1,
+        "ttl_s": 30,
+        "fallback_max_concurrency": 16,
+        "classes": {"sheddable": {"shed_order": 0, "sheddable": True, "ttft_s": None,
+                                  "headroom_ratio": 0.6}},
+        "slos": {"chat": {"ttft_s": 0.5, "itl_s": 0.05, "burn_rate": 2.0, "margin_ratio": 0.8}},
+        "model": {"prefill_tokens_per_s": 9000.0, "max_decode_batch": 64},
+        "tenant_weights": {"acme": 2.0},
+        "over_share_ratio": 0.5,
+    }  # fmt: skip
+    body = {"kind": "set_admission_policy", "target": GATEWAY_ID, "payload": {"policy": policy}}
+    issued = await client.post("/api/v1/commands", json=body, headers=operator_headers)
+    assert issued.status_code == 201, issued.text
+    (delivered,) = (await client.get(f"/api/v1/fleet/{GATEWAY_ID}/commands", headers=agent)).json()[
+        "data"
+    ]
+    wire = AdmissionPolicy.from_json(delivered["payload"]["policy"])
+    assert wire.slos["chat"].margin_ratio == 0.8 and wire.tenant_weights == {"acme": 2.0}
+    assert wire.model is not None and wire.model.max_decode_batch == 64
+    assert wire.classes["sheddable"].headroom_ratio == 0.6
+    policy["slos"]["chat"]["margin_ratio"] = 1.5  # type: ignore[index]
+    refused = await client.post("/api/v1/commands", json=body, headers=operator_headers)
+    assert refused.status_code == 422
+    (error,) = [e for e in refused.json()["detail"] if e["loc"][-1] == "margin_ratio"]
+    assert error["loc"][-5:] == ["payload", "policy", "slos", "chat", "margin_ratio"]
+    assert error["msg"].endswith("policy.slos.chat.margin_ratio must be <= 1.0, got 1.5")
