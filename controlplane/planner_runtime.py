@@ -376,12 +376,33 @@ class PlannerRuntime:
             .group_by(RoleMove.member_id)
         )
         last_change = {member_id: at for member_id, at in changes}
-        decode = sum(1 for m in members.values() if m.role is FleetRole.DECODE)
+        # The numpy work (demand, engine summary, the plan) runs off the event loop.
+        return await asyncio.to_thread(
+            self._decide,
+            list(members.values()),
+            pins=pins,
+            moving=moving,
+            last_change=last_change,
+            slo=slo,
+            now=now,
+        )
+
+    def _decide(
+        self,
+        members: list[FleetMember],
+        *,
+        pins: list[str],
+        moving: Mapping[str, FleetRole],
+        last_change: Mapping[str, datetime],
+        slo: SLOTargets,
+        now: datetime,
+    ) -> Plan:
+        decode = sum(1 for m in members if m.role is FleetRole.DECODE)
         with self._learn_lock:
             self._decode_instances = max(decode, 1)
             params = self.learner.params()
         snapshot = build_snapshot(
-            members.values(),
+            members,
             now=now,
             stale_after_s=self.settings.fleet_heartbeat_timeout_s,
             pinned=pins,
