@@ -6,24 +6,30 @@
 It starts one vLLM server the way ``goodput worker`` does for a colocated instance
 (:class:`~serving.workers.config.VllmSpec` defaults: ``--enforce-eager``,
 ``--max-model-len 2048``, a 1 GiB KV cache, no connector; its engine bound to one core with
-``--cpu``), warms it, and times, from the client, what the simulator models:
+``--cpu``), warms it, and times what the simulator models:
 
-* **prefill**: one ``/v1/completions`` call whose ``prompt`` is a batch of ``k`` token-id
-  lists of ``L`` tokens each (exact counts: vLLM adds no BOS to a token-id prompt), with
-  ``max_tokens=1``. vLLM enqueues the batch at once, so one engine step prefills it; the
-  call's time is that step plus the per-request overhead a client sees (HTTP, the API
-  server, the engine's IPC), the same overhead every simulated TTFT must carry.
-* **decode**: ``N`` concurrent streaming requests of ``P``-token prompts and ``M`` output
-  tokens (``ignore_eos``), token counts from ``continuous_usage_stats`` (the bench's own
-  stream accounting). Once every stream has its first token, all ``N`` decode in the same
-  engine steps; the step time is a stream's inter-token time over that steady part, the
-  median over the streams, and the context the batch's KV-cache tokens at its middle,
-  ``N·(P + generated)`` (:func:`decode_step`).
+* **prefill**, from the client: one ``/v1/completions`` call whose ``prompt`` is a batch of
+  ``k`` token-id lists of ``L`` tokens each (exact counts: vLLM adds no BOS to a token-id
+  prompt), with ``max_tokens=1``. vLLM hands the batch's requests to the engine together,
+  so one engine step normally prefills them all (one that lands after the step started
+  waits for the next: batched rows are an upper bound). The call's time is that step plus
+  the per-request overhead a client sees (HTTP, the API server, the engine's IPC) — the
+  overhead every simulated TTFT must carry too, so it stays in.
+* **decode**, from the engine's own clock: ``N`` concurrent streaming requests of
+  ``P``-token prompts, run twice — ``M_short`` then ``M_long`` output tokens
+  (``ignore_eos``) — with vLLM's ``vllm:inter_token_latency_seconds`` histogram read before
+  and after each (:func:`engine_itl`; the engine core stamps those gaps itself). The ramp
+  while the ``N`` prompts are prefilled is the same in both runs and cancels; the extra
+  ``N·(M_long − M_short)`` gaps are steps in which all ``N`` decode
+  (:func:`differential_step`), at a context of ``N·(P + (M_short + M_long)/2)``. Streamed
+  client gaps are kept beside them in the samples file (:func:`decode_step`) as a
+  cross-check: on a loaded machine a client reads tokens in bursts, so they scatter.
 
 Every prompt is fresh random token ids, so vLLM's prefix cache never hits. Rounds repeat
 the whole grid in a shuffled order (the machine is shared: load moves); the CSV keeps the
-median of each configuration over the rounds, in :mod:`serving.sim.profiles`' format, and a
-``.SOURCE.txt`` beside it says where, when and how it was measured. Fit it with
+median of each configuration over the rounds, in :mod:`serving.sim.profiles`' format; a
+``.SOURCE.txt`` beside it says where, when and how it was measured, and ``.samples.json``
+holds every timed sample. Fit it with
 ``scripts/fit_latency_model.py`` (``calibration.MEASURED_SOURCES``).
 """
 
@@ -80,7 +86,8 @@ class MeasureOptions:
     max_prefill_tokens: int = 2048  # vLLM's CPU default max_num_batched_tokens: one step
     decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     decode_contexts: tuple[int, ...] = (16, 256, 768, 1536)
-    decode_tokens: int = 64
+    decode_tokens: int = 72
+    decode_tokens_short: int = 8
     repeats: int = 5
     cpu: int = 0
     seed: int = 0
@@ -136,6 +143,37 @@ def median_rows(samples: dict[Config, list[tuple[int, float]]]) -> list[StepRow]
     return rows
 
 
+def engine_itl(metrics_text: str) -> tuple[float, float]:
+    """``(sum of seconds, count)`` of vLLM's ``vllm:inter_token_latency_seconds`` histogram
+    over every label set: gaps the engine core timestamps itself (``engine_core_timestamp``),
+    so a client that reads late on a loaded machine does not move them. Pure."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = count = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "vllm:inter_token_latency_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return total, count
+
+
+def differential_step(short: tuple[float, float], long: tuple[float, float]) -> float | None:
+    """The steady decode step from two runs of the same ``N`` prompts that differ only in
+    their output length: ``(Δ ITL seconds, Δ ITL count)`` of each (:func:`engine_itl` after
+    minus before). What both runs share — the ramp while the ``N`` prompts are prefilled
+    beside early decodes — cancels, leaving the extra steps where all ``N`` decode:
+    ``(S_long − S_short) / (C_long − C_short)``. ``None`` if the difference is not
+    positive (a run lost to noise). Pure."""
+    extra_s, extra_count = long[0] - short[0], long[1] - short[1]
+    if extra_count <= 0 or extra_s <= 0:
+        return None
+    return extra_s / extra_count
+
+
 def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(_MIN_TOKEN_ID, vocab) for _ in range(n)]
 
@@ -179,9 +217,28 @@ async def _run_decode(
     return list(records)
 
 
-async def _measure_grid(url: str, options: MeasureOptions, vocab: int, say: Any) -> list[StepRow]:
+async def _itl_totals(client: httpx.AsyncClient) -> tuple[float, float]:
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    return engine_itl(response.text)
+
+
+async def _decode_run(
+    client: httpx.AsyncClient, prompts: list[list[int]], max_tokens: int
+) -> tuple[tuple[float, float], list[RequestRecord]]:
+    """One decode run: the engine's ITL ``(Δ sum, Δ count)`` over it, and the client records."""
+    before = await _itl_totals(client)
+    records = await _run_decode(client, prompts, max_tokens)
+    after = await _itl_totals(client)
+    return (after[0] - before[0], after[1] - before[1]), records
+
+
+async def _measure_grid(
+    url: str, options: MeasureOptions, vocab: int, say: Any
+) -> tuple[list[StepRow], list[dict[str, Any]]]:
     rng = random.Random(options.seed)
     samples: dict[Config, list[tuple[int, float]]] = defaultdict(list)
+    raw: list[dict[str, Any]] = []
     prefill = [
         (k, length)
         for length in options.prefill_lengths
@@ -189,6 +246,7 @@ async def _measure_grid(url: str, options: MeasureOptions, vocab: int, say: Any)
         if k * length <= options.max_prefill_tokens
     ]
     decode = [(n, p) for n in options.decode_batches for p in options.decode_contexts]
+    short, long = options.decode_tokens_short, options.decode_tokens
     timeout = httpx.Timeout(600.0, connect=10.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
@@ -197,7 +255,8 @@ async def _measure_grid(url: str, options: MeasureOptions, vocab: int, say: Any)
             await _time_prefill(client, [_ids(rng, length, vocab)])
         await _run_decode(client, [_ids(rng, 64, vocab) for _ in range(4)], 16)
         for round_ in range(options.repeats):
-            jobs: list[tuple[str, int, int]] = [("prefill", k, n) for k, n in prefill]
+            # Prefill calls are short: three per configuration and round.
+            jobs: list[tuple[str, int, int]] = [("prefill", k, n) for k, n in prefill] * 3
             jobs += [("decode", n, p) for n, p in decode]
             rng.shuffle(jobs)
             started = time.perf_counter()
@@ -206,15 +265,28 @@ async def _measure_grid(url: str, options: MeasureOptions, vocab: int, say: Any)
                     prompts = [_ids(rng, b, vocab) for _ in range(a)]
                     seconds = await _time_prefill(client, prompts)
                     samples[("prefill", a, a * b, a * b * b, b)].append((0, seconds))
-                else:
-                    prompts = [_ids(rng, b, vocab) for _ in range(a)]
-                    records = await _run_decode(client, prompts, options.decode_tokens)
-                    step = decode_step(records, b)
-                    if step is not None:
-                        samples[("decode", a, a, 0, b)].append(step)
+                    raw.append({"phase": phase, "batch": a, "tokens": b, "call_s": seconds})
+                    continue
+                # The same prompt lengths twice (fresh ids: no prefix-cache hit), short
+                # then long output: the difference is the steady decode (differential_step).
+                itl_short, _ = await _decode_run(
+                    client, [_ids(rng, b, vocab) for _ in range(a)], short
+                )
+                itl_long, records = await _decode_run(
+                    client, [_ids(rng, b, vocab) for _ in range(a)], long
+                )
+                step = differential_step(itl_short, itl_long)
+                client_step = decode_step(records, b)
+                raw.append({
+                    "phase": phase, "batch": a, "tokens": b, "engine_step_s": step,
+                    "client_step_s": None if client_step is None else client_step[1],
+                })  # fmt: skip
+                if step is not None:
+                    context = a * (b + (short + long) // 2)
+                    samples[("decode", a, a, 0, b)].append((context, step))
             say(f"round {round_ + 1}/{options.repeats}: {len(jobs)} configurations in "
                 f"{time.perf_counter() - started:.1f} s")  # fmt: skip
-    return median_rows(samples)
+    return median_rows(samples), raw
 
 
 def _source_note(options: MeasureOptions, model_dir: Path, argv: list[str], rows: int) -> str:
@@ -247,10 +319,12 @@ def _source_note(options: MeasureOptions, model_dir: Path, argv: list[str], rows
             f"grid: prefill lengths {list(options.prefill_lengths)} x batches "
             f"{list(options.prefill_batches)} (<= {options.max_prefill_tokens} tokens per call); "
             f"decode batches {list(options.decode_batches)} x prompt lengths "
-            f"{list(options.decode_contexts)}, {options.decode_tokens} output tokens, the steady "
-            f"part of each run; {options.repeats} rounds, each row the median over them",
-            "times are client-side (HTTP on loopback included): prefill = a max_tokens=1 call's "
-            "duration; decode = streamed inter-token time with every stream decoding",
+            f"{list(options.decode_contexts)}, {options.decode_tokens_short} then "
+            f"{options.decode_tokens} output tokens; {options.repeats} rounds, each row the "
+            "median over them",
+            "prefill = a max_tokens=1 call's duration at the client (HTTP on loopback "
+            "included); decode = the engine's inter-token time (vllm:inter_token_latency_"
+            "seconds), long run minus short run, with every stream decoding",
             "",
         ]
     )
@@ -281,16 +355,19 @@ def measure(options: MeasureOptions, out: Path, say: Any = print) -> list[StepRo
         try:
             server.wait_ready(timeout_s=300)
             say(f"vLLM ready on {server.url} in {time.perf_counter() - started:.0f} s")
-            rows = asyncio.run(_measure_grid(server.url, options, vocab, say))
+            rows, raw = asyncio.run(_measure_grid(server.url, options, vocab, say))
         finally:
             server.stop()
     entry = "vllm.entrypoints.openai.api_server"
     server_argv = argv[argv.index(entry) - 1 :] if entry in argv else argv
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(format_step_csv(rows), encoding="utf-8")
+    out.with_name(out.stem + ".samples.json").write_text(
+        json.dumps(raw, indent=0) + "\n", encoding="utf-8"
+    )
     note = out.with_name(out.stem + ".SOURCE.txt")
     note.write_text(_source_note(options, model_dir, server_argv, len(rows)), encoding="utf-8")
-    say(f"wrote {out} ({len(rows)} rows) and {note}")
+    say(f"wrote {out} ({len(rows)} rows), {note} and the samples beside them")
     return rows
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from exporters.records import RequestRecord, Vantage
-from serving.sim.measure_cpu import decode_step, median_rows
+from serving.sim.measure_cpu import decode_step, differential_step, engine_itl, median_rows
 from serving.sim.profiles import format_step_csv, parse_step_csv
 
 
@@ -63,3 +63,34 @@ def test_rows_are_the_median_of_the_repeats_and_parse_as_a_step_csv() -> None:
     prefill, decode = parse_step_csv(format_step_csv(rows))
     assert (prefill.x.tolist(), prefill.w.tolist(), prefill.y.tolist()) == ([64], [4096], [0.02])
     assert (decode.x.tolist(), decode.w.tolist(), decode.y.tolist()) == ([4], [800], [0.0055])
+
+
+METRICS = """\
+# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="tiny"} 90.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 100.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} 0.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="tiny"} 20.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="tiny"} 0.25
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny"} 7.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny"} 9.0
+"""
+
+
+def test_the_engine_itl_histogram_is_summed_over_its_label_sets() -> None:
+    assert engine_itl(METRICS) == (0.75, 120.0)
+    assert engine_itl("") == (0.0, 0.0)
+
+
+def test_the_ramp_both_runs_share_cancels() -> None:
+    # Both runs: a ramp of 10 gaps totalling 0.5 s; then 8·7 vs 8·71 steady gaps of 4 ms.
+    ramp_s, ramp_n, step_s = 0.5, 10, 0.004
+    short = (ramp_s + 8 * 7 * step_s, ramp_n + 8 * 7)
+    long = (ramp_s + 8 * 71 * step_s, ramp_n + 8 * 71)
+    assert differential_step(short, long) == pytest.approx(step_s)
+    assert differential_step(long, short) is None
+    assert differential_step((1.0, 5), (0.9, 9)) is None
