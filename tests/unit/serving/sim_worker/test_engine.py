@@ -10,13 +10,13 @@ import pytest
 from serving.sim import LatencyModel
 from serving.sim.instance import Instance, InstanceConfig, Job, JobMode, serve
 from serving.sim.worker.engine import SimEngine, SimRequest, TooLongError
-from serving.sim.worker.prompts import parse_completion_prompt, word_prompt
+from serving.sim.worker.prompts import PromptInfo, parse_completion_prompt, word_prompt
 
 PROFILE = "h100-llama3.1-8b"
 LATENCY = LatencyModel.for_profile(PROFILE)
 
 
-def prompt(n: int, key: int = 0):
+def prompt(n: int, key: int = 0) -> PromptInfo:
     return parse_completion_prompt({"prompt": word_prompt(n, key)}, block_tokens=512)
 
 

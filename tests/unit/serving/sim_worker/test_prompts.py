@@ -7,6 +7,7 @@ import pytest
 from serving.sim.worker.prompts import (
     CHAT_TOKENS_PER_MESSAGE,
     PromptError,
+    PromptInfo,
     answer_length,
     filler_text,
     parse_chat_prompt,
@@ -15,7 +16,7 @@ from serving.sim.worker.prompts import (
 )
 
 
-def completion(body: dict[str, object], block: int = 512):
+def completion(body: dict[str, object], block: int = 512) -> PromptInfo:
     return parse_completion_prompt(body, block_tokens=block)
 
 
