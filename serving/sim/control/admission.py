@@ -10,7 +10,8 @@ clock, with the policy the control plane would push, computed by the same pure f
   cluster's profile (its fitted prefill and decode step times, the NVLink KV transfer),
   which is what the learner converges to on this simulator's records: prefill rate at the
   mean prompt length seen, ``itl = a + b·batch + c·context`` fitted over the decode step
-  table, mean decode time and context from the requests admitted so far;
+  table, mean decode time (mean output × the ITL at the decode batch of the last snapshot)
+  and context from the requests seen so far;
 * **SLO** — the scenario's TTFT and ITL thresholds (``ttft_s``, ``itl_s``), keyed by the
   simulator's SLO id (its requests carry no ``slo`` label, so they get that one); its
   margin follows the SLO's burn rate over the last minute (``snapshot.goodput``), as the
@@ -34,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -57,29 +59,47 @@ _GRID_BATCH = (1, 8, 32, 64, 128, 256)
 _GRID_CONTEXT_PER_SEQ = (256, 1024, 4096)
 
 
-def profile_params(
-    profile: str, *, prompt_tokens: float = 1024.0, output_tokens: float = 256.0
-) -> LearnedParams:
-    """The admission model of a cluster profile at these mean lengths (see the module
-    docstring): what the online learner converges to on that hardware."""
-    latency = LatencyModel.for_profile(profile)
-    prompt = max(1, round(prompt_tokens))
-    rate = prompt / latency.prefill_s([prompt])
+@functools.cache
+def _latency(profile: str) -> LatencyModel:
+    return LatencyModel.for_profile(profile)
+
+
+@functools.cache
+def _decode_fit(profile: str) -> tuple[float, float, float]:
+    """``(a, b, c)`` of ``itl = a + b·batch + c·context`` over the profile's step table."""
+    latency = _latency(profile)
     rows, ys = [], []
     for batch in _GRID_BATCH:
         for per_seq in _GRID_CONTEXT_PER_SEQ:
             rows.append((1.0, float(batch), float(batch * per_seq)))
             ys.append(latency.decode_step_s(batch, batch * per_seq))
     (a, b, c), *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
+    return max(float(a), 1e-4), max(float(b), 0.0), max(float(c), 0.0)
+
+
+def profile_params(
+    profile: str,
+    *,
+    prompt_tokens: float = 1024.0,
+    output_tokens: float = 256.0,
+    decode_batch: float = 1.0,
+) -> LearnedParams:
+    """The admission model of a cluster profile at these mean lengths and this decode
+    batch per instance (see the module docstring): what the online learner converges to
+    on that hardware."""
+    latency = _latency(profile)
+    prompt = max(1, round(prompt_tokens))
+    rate = prompt / latency.prefill_s([prompt])
+    a, b, c = _decode_fit(profile)
     link = get_link("nvlink")
     kv_bytes = prompt * latency.kv_bytes_per_token_per_gpu
     handoff = link.setup_s + kv_bytes / link.bytes_per_s
-    a, b, c = float(a), max(float(b), 0.0), max(float(c), 0.0)
-    itl = a + b * 32 + c * 32 * (prompt + output_tokens / 2)
+    batch = max(1.0, decode_batch)
+    itl = a + b * batch + c * batch * (prompt + output_tokens / 2)
     return LearnedParams(
         prefill_tokens_per_s=rate,
         kv_handoff_s=handoff,
-        itl_base_s=max(a, 1e-4),
+        itl_base_s=a,
         itl_per_stream_s=b,
         itl_per_context_token_s=c,
         mean_decode_s=max(output_tokens * itl, 1e-3),
@@ -163,6 +183,7 @@ class SimAdmission:
             self.profile,
             prompt_tokens=self._prompt_sum / n if n else 1024.0,
             output_tokens=self._output_sum / n if n else 256.0,
+            decode_batch=self.tracker.decode_streams / max(1, self.tracker.num_decode),
         )
         self._version += 1
         config = self.config
