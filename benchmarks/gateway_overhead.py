@@ -10,6 +10,10 @@ TTFT and ITL gaps come from client-side records (the bench's ``stream_request``,
 exporters' metric core). The added latency is the gateway path's percentile minus the
 direct path's, per metric.
 
+vLLM runs at niceness ``--engine-nice`` (default 10, as in the e2e tests and the demo): on
+a 2-core machine a busy engine otherwise delays the gateway and this client, and the
+difference measured is then the scheduler's, not the gateway's (docs/serving.md).
+
 ``--upstream stub`` replaces vLLM with a stub OpenAI server (this file run with
 ``--serve-stub PORT``: a 30 ms "prefill", then one token every 3 ms), which isolates what the
 gateway adds from the engine's own noise on a busy machine.
@@ -18,7 +22,7 @@ Last line: ``{"ttft_added_ms_p50", "ttft_added_ms_p99", "itl_added_ms_p50",
 "itl_added_ms_p99", ...}`` (plus both paths' own percentiles and the sample sizes).
 Goal (issue 4): ≤ 2 ms TTFT and ≤ 0.3 ms ITL at p50.
 
-    python benchmarks/gateway_overhead.py [--quick] [--upstream vllm|stub]
+    python benchmarks/gateway_overhead.py [--quick] [--upstream vllm|stub] [--engine-nice N]
 """
 
 from __future__ import annotations
@@ -167,7 +171,7 @@ def percentiles(records: list[RequestRecord]) -> dict[str, float]:
     }
 
 
-def start_upstream(kind: str, tmp: Path) -> tuple[str, Callable[[], None]]:
+def start_upstream(kind: str, tmp: Path, nice: int = 0) -> tuple[str, Callable[[], None]]:
     """Start the upstream (vLLM with the tiny model, or the stub); its URL and its stop."""
     port = free_port()
     if kind == "stub":
@@ -184,7 +188,11 @@ def start_upstream(kind: str, tmp: Path) -> tuple[str, Callable[[], None]]:
     from serving.workers import VllmServer, VllmSpec
 
     spec = VllmSpec(
-        model=build_tiny_model(default_model_dir()), port=port, cpu=0, served_model_name="tiny"
+        model=build_tiny_model(default_model_dir()),
+        port=port,
+        cpu=0,
+        served_model_name="tiny",
+        nice=nice,
     )
     server = VllmServer(spec, run_dir=tmp / "vllm")
     server.start()
@@ -203,6 +211,7 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=150)
     parser.add_argument("--output-tokens", type=int, default=None)
     parser.add_argument("--upstream", choices=("vllm", "stub"), default="vllm")
+    parser.add_argument("--engine-nice", type=int, default=10, choices=range(20), metavar="0..19")
     parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_stub:
@@ -214,7 +223,7 @@ def main() -> None:
     output_tokens = args.output_tokens or (32 if args.quick else 64)
 
     with tempfile.TemporaryDirectory(prefix="goodput-gw-bench-") as tmp:
-        upstream_url, stop_upstream = start_upstream(args.upstream, Path(tmp))
+        upstream_url, stop_upstream = start_upstream(args.upstream, Path(tmp), args.engine_nice)
         gateway_port = free_port()
         gateway: subprocess.Popen[bytes] | None = None
         try:
@@ -244,6 +253,7 @@ def main() -> None:
         "pairs": pairs,
         "output_tokens": output_tokens,
         "upstream": args.upstream,
+        "engine_nice": args.engine_nice if args.upstream == "vllm" else None,
     }
     print(json.dumps(result))
 
