@@ -61,6 +61,17 @@ class Decision:
     predicted: float | None = None
     allowed: float | None = None
 
+    def detail(self) -> dict[str, object]:
+        """The fields a rejection sets, for the 429 body (beside ``message``)."""
+        fields = (
+            ("slo", self.slo),
+            ("objective", self.objective),
+            ("predicted", self.predicted),
+            ("allowed", self.allowed),
+            ("retry_after_s", self.retry_after_s),
+        )
+        return {key: value for key, value in fields if value not in ("", None)}
+
 
 ADMIT = Decision(admit=True)
 

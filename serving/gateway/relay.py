@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import httpx
@@ -158,7 +158,7 @@ class _Job:
                 headers.append(
                     (b"retry-after", str(max(1, round(decision.retry_after_s))).encode())
                 )
-            await self._reply_error(429, self.reason, "rate_limited", headers)
+            await self._reply_error(429, self.reason, "rate_limited", headers, decision.detail())
             return
         try:
             route = self._route(frozenset())
@@ -414,7 +414,9 @@ class _Job:
         message: str,
         kind: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        detail: Mapping[str, object] | None = None,
     ) -> None:
-        body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+        error = {"message": message, "type": kind, "code": status, **(detail or {})}
+        body = json.dumps({"error": error}).encode()
         await self._start(status, [(b"content-type", b"application/json"), *(headers or [])])
         await self._body(body, more=False)

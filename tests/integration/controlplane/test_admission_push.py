@@ -156,7 +156,11 @@ async def check_push_and_shedding(
         )
         assert shed.status_code == 429, shed.text
         assert int(shed.headers["retry-after"]) >= 1
-        message = shed.json()["error"]["message"]
+        error = shed.json()["error"]
+        assert (error["code"], error["type"], error["slo"], error["objective"]) == (
+            429, "rate_limited", "chat", "ttft")  # fmt: skip
+        assert error["allowed"] == pytest.approx(0.035) and error["predicted"] >= 0.2
+        message = error["message"]
         assert message.startswith("slo 'chat': predicted TTFT ")
         assert "> allowed 0.035 s (0.05 s objective x 0.70 margin; priority 'sheddable'" in message
         served = await gw.post(
