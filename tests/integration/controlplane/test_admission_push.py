@@ -171,6 +171,9 @@ async def check_push_and_shedding(
         assert served.status_code == 200, served.text
         assert served.json()["usage"]["completion_tokens"] == 4
         metrics = (await gw.get("/metrics")).text
+        health = (await gw.get("/health")).json()
+        assert health["admission"]["mode"] == "policy"
+        assert health["admission"]["policy_version"] >= policy.version
     assert 'goodput_gateway_admission_mode{mode="policy"} 1.0' in metrics
     assert (
         'goodput_gateway_admission_rejections_total{priority="sheddable",reason="ttft"} 1.0'
