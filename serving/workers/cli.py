@@ -110,6 +110,7 @@ def worker(
             control_plane=control_plane, agent_key=agent_key, ingest_key=ingest_key,
             member_id=member_id,
             advertise_url=advertise_url, heartbeat_interval_s=heartbeat_interval_s,
+            print_plan=print_plan,
         )  # fmt: skip
         return
     if model is None:
