@@ -196,9 +196,13 @@ def cli_main(
     member_id: str | None,
     advertise_url: str | None,
     heartbeat_interval_s: float,
+    print_plan: bool = False,
 ) -> None:
     """``goodput worker --engine sim`` after the shared options are parsed: exit code 2
-    with the message on invalid input."""
+    with the message on invalid input; ``print_plan`` prints what would be served (JSON)
+    and starts nothing."""
+    import json
+
     import typer
 
     spec = SimWorkerSpec(
@@ -217,8 +221,23 @@ def cli_main(
                 endpoint=advertise_url or spec.url,
                 heartbeat_interval_s=heartbeat_interval_s,
             )
-        build_worker(spec)  # validate before serving
+        engine, settings, handoff, _ = build_worker(spec)  # validate before serving
     except (SimWorkerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    if print_plan:
+        config = engine.config
+        plan = {
+            "engine": "sim", "url": spec.url, "role": spec.role.value,
+            "profile": settings.profile, "served_model_name": settings.served_model_name,
+            "max_model_len": settings.max_model_len, "strategy": config.strategy.value,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "kv_capacity_tokens": engine.max_context_tokens, "link": engine.link.name,
+            "jitter": config.jitter_ratio, "seed": spec.seed,
+            "kv_dir": None if handoff.folder is None else str(handoff.folder),
+            "control_plane": control_plane, "engine_records": bool(control_plane and ingest_key),
+        }  # fmt: skip
+        typer.echo(json.dumps(plan, indent=2))
+        return
     run_sim_worker(spec, agent)

@@ -75,8 +75,6 @@ class KVHandoff:
         self.folder = folder
         self.max_age_s = max_age_s
         self._publishes = 0
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
 
     def plan(self, prompt: PromptInfo, params: Any, max_tokens: int) -> LegPlan:
         """What the request with these ``kv_transfer_params`` (``None`` when absent) is."""
@@ -122,6 +120,7 @@ class KVHandoff:
         """Leave the prompt's marker in the shared folder (atomically: write, rename)."""
         if self.folder is None:
             return
+        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{prompt.key}{_SUFFIX}"
         staging = self.folder / f".{prompt.key}.{os.getpid()}.tmp"
         record = {"prompt_tokens": prompt.tokens, "engine_id": self.engine_id,
@@ -142,7 +141,7 @@ class KVHandoff:
 
     def collect_garbage(self, now: float | None = None) -> int:
         """Remove markers (and staging files) older than ``max_age_s``; how many."""
-        if self.folder is None:
+        if self.folder is None or not self.folder.is_dir():
             return 0
         limit = (time.time() if now is None else now) - self.max_age_s
         removed = 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from exporters.commands import CommandKind, Role
 from goodput.cli import app
-from serving.sim import LatencyModel
+from serving.sim import LatencyModel, get_model, kv_capacity_tokens
 from serving.sim.instance import InstanceConfig
 from serving.sim.worker.cli import SimWorkerError, SimWorkerSpec, build_worker, parse_sim_config
 from serving.sim.worker.control import SimWorkerControl
@@ -70,6 +73,23 @@ def test_the_command_line_refuses_bad_sim_options(args: list[str], message: str)
     result = runner.invoke(app, ["worker", "--engine", "sim", "--port", "1", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_print_plan_shows_the_instance_and_starts_nothing(tmp_path: Path) -> None:
+    kv_dir = tmp_path / "kv"
+    result = runner.invoke(
+        app,
+        ["worker", "--engine", "sim", "--port", "8101", "--role", "decode", "--print-plan",
+         "--sim-config", "max_seqs=12,link=rdma-400g", "--kv-dir", str(kv_dir)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert (plan["role"], plan["max_num_seqs"], plan["link"], plan["max_model_len"]) == (
+        "decode", 12, "rdma-400g", 131072,
+    )  # fmt: skip
+    capacity = kv_capacity_tokens(get_model("llama-3.1-8b"), 1) // 16 * 16  # whole blocks
+    assert plan["kv_capacity_tokens"] == capacity and plan["kv_dir"] == str(kv_dir)
+    assert not kv_dir.exists()
 
 
 def test_vllm_still_needs_a_model() -> None:
