@@ -12,13 +12,15 @@
   :func:`controlplane.policies.admission.compute_policy` from the learned parameters, the
   engine's SLO set and each SLO's burn rate over the last ``admission_burn_window_s``.
 * **Act.** In one transaction, a ``set_admission_policy`` command to every gateway in the
-  fleet registry that is not down, stopped or stale: persisted (state ``pending``, the
-  policy in the payload, the learned parameters and burn rates as the evidence), audited
-  (``command.issue`` by ``controlplane:admission``), delivered by the gateways' poll and
-  acknowledged like any command. The policy's ``version`` is one above the highest issued
-  for that kind, the same for every gateway of a tick. Commands live as long as the
-  policy's TTL (``admission_policy_ttl_s``): a gateway that was away gets the newest, the
-  older ones expire.
+  fleet registry that is not down, stopped or stale, and whose last policy differs from
+  this one (beyond the 3rd significant digit) or is half-way through its TTL: persisted
+  (state ``pending``, the policy in the payload, the learned parameters and burn rates as
+  the evidence), audited (``command.issue`` by ``controlplane:admission``), delivered by
+  the gateways' poll and acknowledged like any command. The policy's ``version`` is one
+  above the highest issued for that kind, the same for every gateway of a tick. Commands
+  live as long as the policy's TTL (``admission_policy_ttl_s``): a gateway that was away
+  gets the newest, the older ones expire. (A gateway restarted under the same id waits at
+  most half a TTL for its next policy, admitting everything meanwhile.)
 
 A failing tick (database away) is logged once per failure streak and counted; the gateways
 keep the last policy for its TTL, then fall back to their concurrency cap.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -62,7 +65,7 @@ from exporters.commands import Command as WireCommand
 from exporters.commands import CommandKind, command_to_json
 from exporters.records import RecordBatch
 
-__all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan"]
+__all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan", "fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,22 @@ _STOPPED = (FleetState.DOWN, FleetState.DRAINED)
 def _ns(moment: datetime) -> int:
     delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86_400 + delta.seconds) * 10**9 + delta.microseconds * 1_000
+
+
+def fingerprint(policy: AdmissionPolicy) -> str:
+    """The policy without its version, numbers to 3 significant digits: two policies with
+    one fingerprint decide alike, so re-sending one would change nothing."""
+
+    def rounded(value: Any) -> Any:
+        if isinstance(value, float):
+            return float(f"{value:.3g}")
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return value
+
+    body = policy.to_json()
+    del body["version"]
+    return json.dumps(rounded(body), sort_keys=True)
 
 
 class AdmissionRuntime:
@@ -104,6 +123,7 @@ class AdmissionRuntime:
         self.num_ticks = 0
         self.num_failures = 0
         self.last_policy: AdmissionPolicy | None = None
+        self._sent: dict[str, tuple[str, float]] = {}  # gateway → (fingerprint, sent at)
         live.ingestor.add_listener(self.observe)
 
     def observe(self, batch: RecordBatch) -> None:
@@ -180,10 +200,20 @@ class AdmissionRuntime:
                 "burn_rates": burn,
                 "decode_instances": self._decode_instances,
             }
-            for gateway in gateways:
-                await self._issue(session, gateway.id, policy, evidence, now)
+            digest = fingerprint(policy)
+            due = [g.id for g in gateways if self._due(g.id, digest, now_s)]
+            for target in due:
+                await self._issue(session, target, policy, evidence, now)
+        for target in due:
+            self._sent[target] = (digest, now_s)
         self.last_policy = policy
-        return len(gateways)
+        return len(due)
+
+    def _due(self, target: str, digest: str, now_s: float) -> bool:
+        """A gateway needs the policy when it changed since the last one it was sent, or
+        when that one is half-way through its TTL (so it never lapses while we run)."""
+        sent = self._sent.get(target)
+        return sent is None or sent[0] != digest or now_s - sent[1] >= self.config.ttl_s / 2
 
     async def _issue(
         self,

@@ -115,3 +115,16 @@ def test_bad_config_is_refused() -> None:
         AdmissionConfig(min_margin_ratio=0)
     with pytest.raises(ValueError, match="burn_sensitivity must be >= 0"):
         AdmissionConfig(burn_sensitivity=-1)
+
+
+def test_fingerprint_ignores_the_version_and_noise() -> None:
+    from controlplane.admission_runtime import fingerprint
+
+    config = AdmissionConfig()
+    slos = [spec("chat", (Objective(Metric.TTFT, 0.5),), {"slo": "chat"})]
+    base = compute_policy(PARAMS, slos, {"chat": 3.0}, config, version=1)
+    noisy = LearnedParams(**{**PARAMS.to_json(), "prefill_tokens_per_s": 8_001.0})  # type: ignore[arg-type]
+    again = compute_policy(noisy, slos, {"chat": 3.0}, config, version=2)
+    assert fingerprint(base) == fingerprint(again)
+    burning = compute_policy(PARAMS, slos, {"chat": 6.0}, config, version=3)
+    assert fingerprint(burning) != fingerprint(base)
