@@ -10,12 +10,12 @@ simulator's virtual clock.
 million requests, showing it the whole fleet each time would dominate the simulation. So
 the router shows it a *candidate set* that provably yields the decision it would take on
 the whole fleet: per pool, the least-loaded eligible instance (first listed among
-equals), the second one for decode (``choose`` keeps the prefill instance out of the
-decode choice when another one is eligible), and the instances the request's affinity
-key is pinned to, in fleet order. Loads sit in lazy min-heaps of ``(work, index)``, with
-work computed as ``choose`` computes it (``decode_stream_tokens`` is passed to it
-explicitly). ``exact=True`` shows ``choose`` the whole fleet instead (tests compare the
-two).
+equals), the second one for decode when the first also serves prefill (``choose`` keeps
+the prefill instance out of the decode choice when another one is eligible), and the
+instances the request's affinity key is pinned to, in fleet order. Loads sit in lazy
+min-heaps of ``(work, index)``, with work computed as ``choose`` computes it
+(``decode_stream_tokens`` is passed to it explicitly). ``exact=True`` shows ``choose`` the
+whole fleet instead (tests compare the two).
 """
 
 from __future__ import annotations
@@ -212,9 +212,10 @@ class Router:
             if prefill < 0:
                 return []
             out.append(prefill)
-            second = self._least(self._decode, skip=decode)
-            if second >= 0:
-                out.append(second)
+            if decode in self._prefill.members:  # it may be the prefill choice too
+                second = self._least(self._decode, skip=decode)
+                if second >= 0:
+                    out.append(second)
         pinned = self.affinity.get(key) if key is not None else None
         if pinned is not None:
             out.extend(self.index[i] for i in pinned if i in self.index)

@@ -150,7 +150,7 @@ class InstanceCore:
         ends = self.timer.decode_run_ends(now, batch, context, len(running), steps)
         self._kind, self._start_s = RUN, now
         self._run_ends, self._run_steps = ends, steps
-        self._set_next(float(ends[-1]))
+        self._set_next(ends.item(steps - 1))
         return True
 
     def _kv_steps(self, steps: int) -> int:
@@ -175,10 +175,10 @@ class InstanceCore:
     def _truncate(self, now: float) -> None:
         """End the current run at the first iteration boundary at or after ``now``."""
         ends = self._run_ends
-        index = int(np.searchsorted(ends[: self._run_steps], now, side="left"))
+        index = int(ends[: self._run_steps].searchsorted(now))  # the method: no dispatch
         if index + 1 < self._run_steps:
             self._run_steps = index + 1
-            self._set_next(float(ends[index]))
+            self._set_next(ends.item(index))
 
     # -- commits --------------------------------------------------------------------------
 
@@ -219,22 +219,25 @@ class InstanceCore:
         steps = self._run_steps
         ends = self._run_ends
         stamps = ends if steps == ends.shape[0] else ends[:steps]
-        end_s = float(stamps[-1])
-        self.stats.num_iterations += steps
-        self.stats.num_runs += 1
-        self.stats.busy_s += end_s - self._start_s
+        end_s = ends.item(steps - 1)
+        stats = self.stats
+        stats.num_iterations += steps
+        stats.num_runs += 1
+        stats.busy_s += end_s - self._start_s
         bs = self.config.block_size
         grown = 0
         done: list[Job] = []
-        for job in self.running:
-            job.computed += steps
-            job.generated += steps
+        for job in self.running:  # once per run: locals rather than attribute round trips
+            computed = job.computed + steps
+            job.computed = computed
+            generated = job.generated + steps
+            job.generated = generated
             job.emissions.append(stamps)
-            blocks = -(-job.computed // bs) - job.shared_blocks
+            blocks = -(-computed // bs) - job.shared_blocks
             if blocks > job.blocks:
                 grown += blocks - job.blocks
                 job.blocks = blocks
-            if job.generated >= job.output_tokens:
+            if generated >= job.output_tokens:
                 done.append(job)
         taken = self.kv.allocate(grown)
         assert taken, "a run never outgrows the KV blocks it was planned with"

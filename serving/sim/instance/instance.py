@@ -136,30 +136,40 @@ class Instance(InstanceCore):
                 if self._start_run(now):
                     return
         budget = config.max_num_batched_tokens
+        bs = config.block_size
         chunks: list[tuple[Job, int]] = []
         decodes: list[Job] = []
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             job = running[i]
-            prefilling = job.needs_prefill
-            n = min(job.prefill_target - job.computed, budget) if prefilling else 1
-            while not self._grow(job, job.computed + n):
+            left = job.prefill_target - job.computed
+            if left > 0:
+                n = left if left < budget else budget
+                fits = self._grow(job, job.computed + n)
+            else:  # a decode; _grow inlined: it mostly holds its next token's block already
+                n = 1
+                fits = -(-(job.computed + 1) // bs) <= job.shared_blocks + job.blocks or (
+                    self._grow(job, job.computed + 1)
+                )
+            while not fits:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is job:
                     break
+                fits = self._grow(job, job.computed + n)
             else:
-                if prefilling:
+                if left > 0:
                     chunks.append((job, n))
                 else:
                     decodes.append(job)
                 budget -= n
                 i += 1
-        while not preempted and waiting and budget > 0 and len(running) < config.max_num_seqs:
+        max_seqs = config.max_num_seqs
+        while not preempted and waiting and budget > 0 and len(running) < max_seqs:
             job = waiting[0]
-            if job.needs_prefill:
+            if job.computed < job.prefill_target:
                 if not self._admit_prefill(job, budget):
                     break
                 n = min(job.prefill_target - job.computed, budget)
