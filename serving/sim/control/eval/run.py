@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from exporters.records import RecordBatch, Status
 from exporters.slo import judge
+from serving.gateway.routing import PoolRole
 from serving.sim.cluster import NoControl, SimPolicy, Simulator, Workload, build_workload
 from serving.sim.control.eval.observe import RoleChange, RoleChangeObserver
 from serving.sim.control.eval.scenario import Scenario, cached_trace
@@ -91,6 +92,14 @@ class RunOutcome:
         throughout)."""
         return len(self.role_changes) * 3600.0 / max(self.end_s, self.duration_s)
 
+    @property
+    def final_split(self) -> tuple[int, int]:
+        """The P:D split after the run's role changes."""
+        prefill = self.split[0]
+        for change in self.role_changes:
+            prefill += (change.new is PoolRole.PREFILL) - (change.old is PoolRole.PREFILL)
+        return prefill, self.split[0] + self.split[1] - prefill
+
     def window(self, start_s: float, end_s: float) -> WindowStats:
         """Stats of the requests arriving in ``[start_s, end_s)``."""
         rows = (self.arrival_s >= start_s) & (self.arrival_s < end_s)
@@ -113,6 +122,7 @@ class RunOutcome:
             "attainment_ratio": round(self.attainment_ratio, 4),
             "rejected_ratio": round(self.rejected_ratio, 4),
             "role_changes": len(self.role_changes),
+            "final_split": f"{self.final_split[0]}P:{self.final_split[1]}D",
             "dropped_jobs": self.dropped_jobs,
         }
 

@@ -24,7 +24,7 @@ P, D = PoolRole.PREFILL, PoolRole.DECODE
 
 
 class Scripted:
-    """Returns a fixed plan at given virtual times."""
+    """Returns each fixed plan once, at the first tick at or after its time."""
 
     def __init__(self, plans: dict[float, dict[str, PoolRole]], interval_s: float = 1.0) -> None:
         self.plans = plans
@@ -35,10 +35,11 @@ class Scripted:
         return ADMIT
 
     def plan(self, snapshot: ClusterSnapshot) -> Mapping[str, PoolRole]:
-        for at, plan in self.plans.items():
-            if abs(snapshot.now_s - at) < 1e-9:
-                return plan
-        return {}
+        due = sorted(at for at in self.plans if at <= snapshot.now_s + 1e-9)
+        out: dict[str, PoolRole] = {}
+        for at in due:
+            out.update(self.plans.pop(at))
+        return out
 
 
 class Holder:
@@ -105,3 +106,14 @@ def test_role_changes_under_load_drop_no_request() -> None:
     assert len(observer.held) > 0  # they were busy when they moved
     assert observer.dropped_jobs() == []
     assert result.num_finished == len(work)
+
+
+def test_final_split_follows_the_role_changes() -> None:
+    from serving.sim.control.eval.run import run_policy
+    from serving.sim.control.eval.scenario import Scenario
+
+    policy = Scripted({2.0: {"prefill-0": D}, 4.0: {"decode-0": P, "decode-1": P}})
+    out = run_policy(Scenario("azure_conv", 4, 6.0), (2, 2), 2.0, policy)
+    assert len(out.role_changes) == 3
+    assert out.final_split == (3, 1)
+    assert out.row()["final_split"] == "3P:1D"
