@@ -37,6 +37,7 @@ __all__ = ["DECODE_STREAM_TOKENS", "MAX_AFFINITY_KEYS", "Router"]
 DECODE_STREAM_TOKENS = 256
 #: Affinity keys the gateway remembers (``InstancePool``'s default).
 MAX_AFFINITY_KEYS = 65_536
+_MEMO_SIZE = 256
 
 
 class _LoadHeap:
@@ -97,7 +98,6 @@ class Router:
         self._changed(i)
 
     def _changed(self, i: int) -> None:
-        self._states[i] = None
         if i in self._prefill.members:
             heapq.heappush(self._prefill.entries, (self.prefill_tokens[i], i))
         if i in self._decode.members:
@@ -118,7 +118,11 @@ class Router:
         if len(roles) != len(self.ids):
             raise ValueError(f"roles: expected {len(self.ids)}, got {len(roles)}")
         self.roles = [PoolRole(r) for r in roles]
-        self._states: list[InstanceState | None] = [None] * len(self.ids)
+        # Snapshots are immutable: one per (instance, prefill tokens, decode streams) is
+        # kept and reused while the load comes back to it (a decode instance's does, all
+        # the time), at most _MEMO_SIZE per instance.
+        self._states: list[dict[tuple[int, int], InstanceState]] = [{} for _ in self.ids]
+        self._requests: dict[int, RouteRequest] = {}
         self.pool_names = [r.value for r in self.roles]
         for heap, pool in ((self._prefill, PoolRole.PREFILL), (self._decode, PoolRole.DECODE)):
             heap.members = {i for i, r in enumerate(self.roles) if r is PoolRole.BOTH or r is pool}
@@ -166,17 +170,22 @@ class Router:
     def states(self, indices: Sequence[int] | None = None) -> list[InstanceState]:
         """Snapshots of the given instances (default: the whole fleet), in fleet order."""
         chosen = range(len(self.ids)) if indices is None else sorted(set(indices))
-        cache = self._states
+        memos = self._states
+        tokens, streams = self.prefill_tokens, self.decode_streams
         out = []
         for i in chosen:
-            state = cache[i]
+            load = (tokens[i], streams[i])
+            memo = memos[i]
+            state = memo.get(load)
             if state is None:
-                state = cache[i] = InstanceState(
+                if len(memo) >= _MEMO_SIZE:
+                    memo.clear()
+                state = memo[load] = InstanceState(
                     id=self.ids[i],
                     url=self.ids[i],
                     role=self.roles[i],
-                    prefill_tokens=self.prefill_tokens[i],
-                    decode_streams=self.decode_streams[i],
+                    prefill_tokens=load[0],
+                    decode_streams=load[1],
                 )
             out.append(state)
         return out
@@ -184,12 +193,16 @@ class Router:
     def route(self, prompt_tokens: int, key: str | None, now_s: float) -> tuple[int, int]:
         """``(prefill index or -1 when colocated, decode index)`` for a request, decided
         by ``choose``; raises :class:`~serving.gateway.routing.NoInstanceError`."""
-        request = RouteRequest(
-            prompt_tokens=prompt_tokens,
-            affinity_key=key,
-            affinity=self.affinity,
-            colocated=self.colocated,
-        )
+        request = self._requests.get(prompt_tokens) if key is None else None
+        if request is None:  # immutable, and it holds the live affinity table: reusable
+            request = RouteRequest(
+                prompt_tokens=prompt_tokens,
+                affinity_key=key,
+                affinity=self.affinity,
+                colocated=self.colocated,
+            )
+            if key is None and len(self._requests) < _MEMO_SIZE * 64:
+                self._requests[prompt_tokens] = request
         if self.exact:
             states = self.states()
         else:

@@ -45,6 +45,7 @@ from serving.sim.cluster.results import SimOptions, SimProgress, SimResult, Time
 from serving.sim.cluster.router import Router
 from serving.sim.cluster.spec import ClusterSpec
 from serving.sim.cluster.workload import Workload
+from serving.sim.coefficients import LinkFit
 from serving.sim.instance import Instance, Job, JobMode
 from serving.sim.kv import get_link
 from serving.sim.latency_model import LatencyModel
@@ -102,6 +103,7 @@ class Simulator:
         self._per_stream_bytes_per_token = per_gpu  # one stream per rank pair
         self._links = {name: get_link(name) for name in ("nvlink", "rdma-400g")}
         self._nodes = [spec.node_of(k) for k in range(len(names))]
+        self._pair_links: dict[tuple[int, int], LinkFit] = {}
         self.engine = GoodputEngine(
             clock=lambda: self.options.epoch_s, recent_rows_cap=1, itl_percentiles=()
         )
@@ -127,10 +129,12 @@ class Simulator:
     # -- helpers ----------------------------------------------------------------------------
 
     def _transfer_s(self, prompt_tokens: int, src: int, dst: int) -> float:
-        link_name = self.spec.link
-        if link_name == "auto":
-            link_name = "nvlink" if self._nodes[src] == self._nodes[dst] else "rdma-400g"
-        link = self._links[link_name]
+        link = self._pair_links.get((src, dst))
+        if link is None:
+            link_name = self.spec.link
+            if link_name == "auto":
+                link_name = "nvlink" if self._nodes[src] == self._nodes[dst] else "rdma-400g"
+            link = self._pair_links[src, dst] = self._links[link_name]
         return link.setup_s + prompt_tokens * self._per_stream_bytes_per_token / link.bytes_per_s
 
     def _key(self, ids: Sequence[int] | None, prompt_tokens: int) -> str | None:
