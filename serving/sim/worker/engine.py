@@ -26,6 +26,7 @@ agent) reads :attr:`SimEngine.load`, a frozen snapshot replaced after every chan
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -47,6 +48,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+# How late the loop committed an iteration after its modelled end (seconds).
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
@@ -75,6 +78,13 @@ class Histogram:
         self.total += float(values.sum())
         self.count += int(values.size)
 
+    def observe_one(self, value: float) -> None:
+        index = bisect.bisect_left(self.bounds, value)
+        if index < len(self.bounds):
+            self.counts[index] += 1
+        self.total += value
+        self.count += 1
+
 
 @dataclass(slots=True)
 class EngineCounters:
@@ -94,6 +104,7 @@ class EngineCounters:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    step_lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
 
 
 @dataclass(eq=False, slots=True)
@@ -284,8 +295,10 @@ class SimEngine:
     def _catch_up(self, until_s: float) -> None:
         """Commit every iteration that ended by ``until_s``."""
         inst = self.instance
+        wall = self.now()
         while inst.next_event_s <= until_s:
             at = inst.next_event_s
+            self.counters.step_lag.observe_one(max(0.0, wall - at))
             preempted = inst.stats.num_preemptions
             done = inst.step(at)
             self._vnow = at

@@ -12,7 +12,9 @@ each labelled ``model_name`` and ``engine="0"`` as vLLM labels them:
   ``vllm:external_prefix_cache_queries_total`` / ``_hits_total`` (tokens),
   ``vllm:num_preemptions_total``, ``vllm:request_success_total{finished_reason}``;
 * histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
-  ``vllm:e2e_request_latency_seconds`` (virtual = wall seconds of the modelled schedule).
+  ``vllm:e2e_request_latency_seconds`` (virtual = wall seconds of the modelled schedule);
+* the sim worker's own ``goodput_sim_step_lag_seconds``: per iteration, how long after its
+  modelled end the loop committed it (and released its tokens).
 
 The collector reads plain attributes of the engine, so scrape it on the engine's loop.
 """
@@ -96,6 +98,13 @@ class EngineCollector(Collector):
         yield _histogram("vllm:time_to_first_token_seconds", "Time to first token.", v, c.ttft)
         yield _histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", v, c.itl)
         yield _histogram("vllm:e2e_request_latency_seconds", "End-to-end latency.", v, c.e2e)
+        yield _histogram(
+            "goodput_sim_step_lag_seconds",
+            "How late the worker committed each iteration after its modelled end: the "
+            "tokens' delay beyond the model (a CPU-starved worker shows it here).",
+            v,
+            c.step_lag,
+        )
 
 
 def _histogram(name: str, doc: str, values: list[str], h: Histogram) -> HistogramMetricFamily:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -29,6 +30,7 @@ from serving.bench.report import parse_slo
 from serving.sim.cluster import SimOptions, SimResult, Simulator, Workload, parse_cluster
 from serving.sim.worker.replay import run_word_bench
 from serving.traces import load_trace
+from serving.workers.load import metric_sum
 
 from .conftest import MODEL, SIM_CONFIG, SimStack
 
@@ -119,6 +121,14 @@ def test_control_plane_goodput_matches_the_simulator(sim_stack: SimStack) -> Non
         time.sleep(1.0)
     assert engine["requests"] == 2 * n and engine["errors"] == 0, engine
 
+    # How late each worker's loop committed its iterations (its tokens' delay past the model).
+    lag = {}
+    for role, url in sim_stack.workers.items():
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        count = metric_sum(text, "goodput_sim_step_lag_seconds_count")
+        within = metric_sum(text, "goodput_sim_step_lag_seconds_bucket", le="0.005")
+        lag[role] = f"{within / count:.1%} of {count:.0f} iterations within 5 ms"
+
     # Per request: the client's TTFT (a little after the gateway's) against the simulator's.
     client = request_latencies(RecordBatch.from_records(records))
     ttft_diff = client.ttft_s - sim_ttft
@@ -136,7 +146,7 @@ def test_control_plane_goodput_matches_the_simulator(sim_stack: SimStack) -> Non
         f"median {np.median(tpot_diff) * 1e3:+.3f} ms; simulator TTFT p50/p90 "
         f"{np.median(sim_ttft) * 1e3:.0f}/{np.percentile(sim_ttft, 90) * 1e3:.0f} ms, control "
         f"plane (gateway) TTFT p50/p90 {stats['ttft']['p50_s'] * 1e3:.0f}/"
-        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms"
+        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms; worker step lag: {lag}"
     )
     print(report)
     assert stats["requests"] == sim.stats.requests == n, report

@@ -36,6 +36,7 @@ VLLM_NAMES = (
     "vllm:external_prefix_cache_hits_total", "vllm:num_preemptions_total",
     "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
     "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+    "goodput_sim_step_lag_seconds_bucket",
 )  # fmt: skip
 
 
