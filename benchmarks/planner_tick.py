@@ -1,7 +1,7 @@
 """Benchmark: one PD planner tick for a fleet of 1,000 instances (goal ≤ 50 ms).
 
 A tick's compute, as ``controlplane.planner_runtime`` runs it after its queries: the
-snapshot from the fleet registry's rows (:func:`~controlplane.planner_runtime.build_snapshot`
+snapshot from the fleet registry's rows (:func:`~controlplane.planner_snapshot.build_snapshot`
 over 1,000 ``FleetMember`` rows with heartbeat loads, a few pinned, a few moving, some
 stale) and :func:`controlplane.policies.planner.plan` on it (every candidate split, the
 TTFT correction search, the choice of instances). Demand and load change every tick
@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState  # noqa: E402
-from controlplane.planner_runtime import build_snapshot  # noqa: E402
+from controlplane.planner_snapshot import build_snapshot  # noqa: E402
 from controlplane.policies.dynamo import (  # noqa: E402
     DynamoConfig,
     DynamoObservation,

@@ -3,9 +3,9 @@
 :class:`PlannerRuntime` is one asyncio task started by the app's lifespan
 (:func:`planner_lifespan`, when ``settings.planner_enabled``; ``app.state.planner``). It
 listens to ingest (``Ingestor.add_listener``): every applied batch feeds the demand window
-(:class:`~controlplane.policies.planner_demand.DemandWindow`) and the latency model learner
-(helper H4's :class:`~controlplane.policies.learning.AdmissionLearner`: prefill rate, KV
-handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
+(:class:`~controlplane.policies.planner_demand.DemandWindow`) and a latency model learner
+(the admission one, :class:`~controlplane.policies.learning.AdmissionLearner`: prefill
+rate, KV handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
 transaction:
 
 1. a paused planner (``POST /automation/pause``) stops here: it issues nothing at all, and
@@ -14,11 +14,11 @@ transaction:
    set_role + resume → done) and records the observed effect of moves done
    ``planner_observe_after_s`` ago (the goodput engine's last minute per SLO, beside the
    prediction);
-3. builds the planner's snapshot (:func:`build_snapshot`) from the fleet registry's
-   heartbeats (role, state, ``num_requests_running`` / ``num_requests_waiting``, optional
-   ``prefill_queue_tokens``, ``decode_context_tokens``, ``prefill_tokens_per_s``,
-   ``kv_both``), the pins, the moves in progress, the demand, the learned model and the SLO
-   registry's tightest TTFT and ITL/TPOT thresholds, runs
+3. builds the planner's snapshot (``controlplane.planner_snapshot.build_snapshot``) from
+   the fleet registry's heartbeats (role, state, ``num_requests_running``,
+   ``num_requests_waiting``, optional ``prefill_queue_tokens``, ``decode_context_tokens``,
+   ``prefill_tokens_per_s``, ``kv_both``), the pins, the moves in progress, the demand, the
+   learned model and the SLO registry's tightest TTFT and ITL/TPOT thresholds, runs
    :func:`controlplane.policies.planner.plan`, and starts a role move (``drain`` first) for
    each instance it moves, with the plan's evidence and predicted effect.
 
@@ -39,12 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,17 +51,13 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
-from controlplane.goodput import SLOSpec
 from controlplane.live import LiveGoodput
-from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState, MoveState, RoleMove
-from controlplane.policies.learning import AdmissionLearner, LearnedParams
+from controlplane.models import FleetKind, FleetMember, FleetRole, MoveState, RoleMove
+from controlplane.planner_snapshot import build_snapshot, service_model, slo_targets
+from controlplane.policies.learning import AdmissionLearner
 from controlplane.policies.planner import (
-    Demand,
-    InstanceLoad,
     Plan,
     PlannerConfig,
-    PlannerSnapshot,
-    ServiceModel,
     SLOTargets,
     plan,
 )
@@ -70,123 +65,14 @@ from controlplane.policies.planner_demand import DemandWindow
 from controlplane.schemas.automation import TickPublic
 from controlplane.services import automation
 from controlplane.settings import Settings
-from exporters.commands import Role
 from exporters.records import RecordBatch
-from exporters.slo import Metric
 
-__all__ = [
-    "PLANNER_ACTOR",
-    "PlannerRuntime",
-    "build_snapshot",
-    "planner_lifespan",
-    "service_model",
-    "slo_targets",
-]
+__all__ = ["PLANNER_ACTOR", "PlannerRuntime", "planner_lifespan"]
 
 logger = logging.getLogger(__name__)
 
 PLANNER_ACTOR = "planner"
-UNCONSTRAINED_S = 3600.0  # an objective the registry does not set: effectively none
 _STOP_GRACE_S = 5.0
-_ROLES = {FleetRole.PREFILL: Role.PREFILL, FleetRole.DECODE: Role.DECODE, FleetRole.BOTH: Role.BOTH}
-
-
-def service_model(params: LearnedParams) -> ServiceModel:
-    """The planner's capacity model from the learner's parameters."""
-    return ServiceModel(
-        prefill_tokens_per_s=params.prefill_tokens_per_s,
-        itl_base_s=params.itl_base_s,
-        itl_per_seq_s=params.itl_per_stream_s,
-        itl_per_context_token_s=params.itl_per_context_token_s,
-        kv_handoff_s=params.kv_handoff_s,
-    )
-
-
-def slo_targets(specs: Iterable[SLOSpec]) -> SLOTargets | None:
-    """The tightest TTFT threshold and the tightest ITL (or TPOT) threshold of the
-    registry's SLOs; ``None`` when no SLO constrains either."""
-    specs = list(specs)
-    itl = [
-        o.threshold_s for s in specs for o in s.objectives if o.metric in (Metric.ITL, Metric.TPOT)
-    ]
-    ttft = [o.threshold_s for s in specs for o in s.objectives if o.metric is Metric.TTFT]
-    if not ttft and not itl:
-        return None
-    return SLOTargets(
-        ttft_s=min(ttft, default=UNCONSTRAINED_S), itl_s=min(itl, default=UNCONSTRAINED_S)
-    )
-
-
-def _number(load: Mapping[str, Any], key: str) -> float | None:
-    """A non-negative finite number under ``key`` (``None`` when absent or anything else)."""
-    value = load.get(key)
-    kind = type(value)
-    if kind is not int and kind is not float:  # bool is neither
-        return None
-    number = float(value)  # type: ignore[arg-type]
-    return number if 0 <= number < math.inf else None
-
-
-def build_snapshot(
-    members: Iterable[FleetMember],
-    *,
-    now: datetime,
-    stale_after_s: float,
-    pinned: Iterable[str],
-    moving: Mapping[str, FleetRole],
-    last_change: Mapping[str, datetime],
-    demand: Demand,
-    model: ServiceModel,
-    slo: SLOTargets,
-    observed_ttft_attainment_ratio: float | None = None,
-) -> PlannerSnapshot:
-    """The planner's view of the fleet (see the module docstring). Workers that are down,
-    starting or stale are left out: they serve nothing the planner could count on."""
-    pins = set(pinned)
-    rps = demand.requests_per_s
-    mean_prompt = demand.prompt_tokens_per_s / rps if rps > 0 else 0.0
-    context = (demand.prompt_tokens_per_s + 0.5 * demand.output_tokens_per_s) / rps if rps else 0.0
-    stale = now - timedelta(seconds=stale_after_s)
-    now_s = now.timestamp()
-    instances = []
-    skip = (FleetState.DOWN, FleetState.STARTING)
-    drained = (FleetState.DRAINING, FleetState.DRAINED)
-    for member in members:
-        # One read of each ORM attribute (instrumented reads are the cost at 1,000 rows).
-        kind, beat, state = member.kind, member.last_heartbeat_at, member.state
-        if kind is not FleetKind.WORKER or beat is None or beat < stale or state in skip:
-            continue
-        member_id, role, load = member.id, member.role, member.load or {}
-        running = _number(load, "num_requests_running") or 0.0
-        queued = _number(load, "prefill_queue_tokens")
-        if queued is None:
-            queued = (running + (_number(load, "num_requests_waiting") or 0.0)) * mean_prompt
-        held = _number(load, "decode_context_tokens")
-        target = moving.get(member_id)
-        changed = last_change.get(member_id)
-        instances.append(
-            InstanceLoad(
-                id=member_id,
-                role=_ROLES[role],
-                prefill_queue_tokens=queued,
-                decode_streams=int(running) if role is not FleetRole.PREFILL else 0,
-                decode_context_tokens=held if held is not None else running * context,
-                prefill_tokens_per_s=_number(load, "prefill_tokens_per_s") or None,
-                draining=state in drained or target is not None,
-                moving_to=None if target is None else _ROLES[target],
-                pinned=member_id in pins,
-                last_role_change_s=-math.inf if changed is None else changed.timestamp(),
-                live_switch=load.get("kv_both", True) is not False,
-            )
-        )
-    return PlannerSnapshot(
-        now_s=now_s,
-        instances=instances,
-        demand=demand,
-        model=model,
-        slo=slo,
-        observed_ttft_attainment_ratio=observed_ttft_attainment_ratio,
-    )
 
 
 class PlannerRuntime:

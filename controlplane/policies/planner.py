@@ -51,10 +51,11 @@ in both and never twice. Where the KV connector lets the instance serve both rol
 "routing"``); otherwise the worker applies ``set_role`` by a supervised restart with the new
 role (``mode "restart"``) — the plan says which, and the commands are the same.
 
-**Capacity learning.** :class:`ServiceModelLearner` (a minimal one: helper H4's
-``controlplane.policies.learning`` had not landed when this was written) learns ``r`` as an
-exponentially weighted mean of observed prefill rates and ``(a, β, c)`` by recursive least
-squares with forgetting, from the priors it is given.
+**Capacities.** Live, the control plane learns them from ingested records with the
+admission learner (``controlplane.policies.learning``) and passes them in the snapshot. The
+model (``controlplane.policies.planner_model``) also has :class:`ServiceModelLearner`, a
+small recursive-least-squares learner the simulator adapter uses to correct a profile's
+decode step time from observed ITL.
 
 Example::
 
@@ -75,6 +76,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.policies.planner_model import (
+    Demand,
+    ServiceModel,
+    ServiceModelLearner,
+    SLOTargets,
+    check_positive,
+    predict_splits,
+    ttft_correction,
+)
 from exporters.commands import Role
 
 __all__ = [
@@ -94,84 +104,6 @@ __all__ = [
 
 F64 = npt.NDArray[np.float64]
 _EPS = 1e-12
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not (math.isfinite(value) and ok):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceModel:
-    """Per-instance capacity: prefill ``prefill_tokens_per_s``; decode step time
-    ``itl_base_s + itl_per_seq_s·b + itl_per_context_token_s·C`` (``b`` sequences holding
-    ``C`` context tokens); ``kv_handoff_s`` from prefill to decode."""
-
-    prefill_tokens_per_s: float
-    itl_base_s: float
-    itl_per_seq_s: float
-    itl_per_context_token_s: float = 0.0
-    kv_handoff_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _positive("prefill_tokens_per_s", self.prefill_tokens_per_s)
-        _positive("itl_base_s", self.itl_base_s)
-        for name in ("itl_per_seq_s", "itl_per_context_token_s", "kv_handoff_s"):
-            _positive(name, getattr(self, name), allow_zero=True)
-
-    def itl_s(self, batch: float, context_tokens: float) -> float:
-        return (
-            self.itl_base_s
-            + self.itl_per_seq_s * batch
-            + self.itl_per_context_token_s * context_tokens
-        )
-
-    def to_json(self) -> dict[str, float]:
-        return {
-            "prefill_tokens_per_s": self.prefill_tokens_per_s,
-            "itl_base_s": self.itl_base_s,
-            "itl_per_seq_s": self.itl_per_seq_s,
-            "itl_per_context_token_s": self.itl_per_context_token_s,
-            "kv_handoff_s": self.kv_handoff_s,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class SLOTargets:
-    """The per-request objectives the split is chosen for."""
-
-    ttft_s: float
-    itl_s: float
-
-    def __post_init__(self) -> None:
-        _positive("ttft_s", self.ttft_s)
-        _positive("itl_s", self.itl_s)
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What arrives (per second, over the recent window). ``arrival_scv`` and
-    ``service_scv`` are the squared coefficients of variation of the inter-arrival times and
-    of the prompt lengths (1 and 0: Poisson arrivals of equal prompts, the M/D/1 case);
-    bursty traces have ``arrival_scv`` far above 1."""
-
-    requests_per_s: float
-    prompt_tokens_per_s: float
-    output_tokens_per_s: float
-    arrival_scv: float = 1.0
-    service_scv: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in (
-            "requests_per_s",
-            "prompt_tokens_per_s",
-            "output_tokens_per_s",
-            "arrival_scv",
-            "service_scv",
-        ):
-            _positive(name, getattr(self, name), allow_zero=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +144,9 @@ class PlannerConfig:
     min_pool_size: int = 1
 
     def __post_init__(self) -> None:
-        _positive("min_gain_ratio", self.min_gain_ratio, allow_zero=True)
-        _positive("min_gain_rps", self.min_gain_rps, allow_zero=True)
-        _positive("min_dwell_s", self.min_dwell_s, allow_zero=True)
+        check_positive("min_gain_ratio", self.min_gain_ratio, allow_zero=True)
+        check_positive("min_gain_rps", self.min_gain_rps, allow_zero=True)
+        check_positive("min_dwell_s", self.min_dwell_s, allow_zero=True)
         if not (isinstance(self.max_moves_per_tick, int) and self.max_moves_per_tick >= 1):
             raise ValueError(
                 f"max_moves_per_tick must be an integer >= 1, got {self.max_moves_per_tick!r}"
@@ -309,112 +241,8 @@ def _pool_counts(instances: Sequence[InstanceLoad]) -> tuple[float, float]:
     return num_p, num_d
 
 
-def _normal_cdf(x: F64) -> F64:
-    """Φ(x), vectorised (Abramowitz & Stegun 7.1.26 for erf; absolute error < 1.5e-7)."""
-    z = np.abs(x) / math.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (
-        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
-    )
-    erf = 1.0 - poly * np.exp(-z * z)
-    return np.asarray(0.5 * (1.0 + np.sign(x) * erf), dtype=np.float64)
-
-
-def predict_splits(
-    num_prefill: F64,
-    num_decode: F64,
-    *,
-    demand: Demand,
-    model: ServiceModel,
-    slo: SLOTargets,
-    prefill_rate: float,
-    queued_prefill_tokens: float = 0.0,
-    running_streams: float = 0.0,
-    context_per_stream: float = 0.0,
-    ttft_correction: float | F64 = 1.0,
-) -> dict[str, F64]:
-    """The model's figures for each candidate split (arrays of equal length): see the
-    module docstring. ``prefill_rate`` is the mean per-instance prefill rate of the fleet."""
-    n_p = np.maximum(np.asarray(num_prefill, dtype=np.float64), _EPS)
-    n_d = np.maximum(np.asarray(num_decode, dtype=np.float64), _EPS)
-    lam = demand.requests_per_s
-    # -- prefill: a G/G/1 queue per instance (M/D/1 for Poisson arrivals of equal prompts)
-    mean_prompt = demand.prompt_tokens_per_s / lam if lam > 0 else 0.0
-    service_s = mean_prompt / prefill_rate
-    rho_p = demand.prompt_tokens_per_s / (n_p * prefill_rate)
-    stable_p = rho_p < 1.0
-    safe_rho = np.where(stable_p, rho_p, 0.5)
-    burst = max(demand.arrival_scv, 0.1) * np.asarray(ttft_correction)  # effective c_a²
-    # Kingman: the mean wait scales with v = (c_a² + c_s²)/2 (1/2 for M/D/1).
-    variability = np.maximum((burst + demand.service_scv) / 2.0, 0.05)
-    mean_wait = np.where(stable_p, safe_rho * service_s * variability / (1.0 - safe_rho), np.inf)
-    # P(wait > 0): ρ for Poisson arrivals (PASTA); within bursts nearly everyone waits.
-    p_wait = np.minimum(safe_rho * np.maximum(burst, 1.0), 1.0)
-    backlog_s = np.maximum(queued_prefill_tokens / (n_p * prefill_rate) - mean_wait, 0.0)
-    slack = slo.ttft_s - service_s - model.kv_handoff_s - backlog_s
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        conditional_wait = np.maximum(mean_wait / np.maximum(p_wait, _EPS), _EPS)
-        tail = np.where(
-            slack >= 0, p_wait * np.exp(-np.maximum(slack, 0.0) / conditional_wait), 1.0
-        )
-    ttft_ok = np.where(stable_p & (slack >= 0), 1.0 - np.clip(tail, 0.0, 1.0), 0.0)
-    # -- decode: Little's law on the ITL model
-    beta = model.itl_per_seq_s + model.itl_per_context_token_s * context_per_stream
-    per_instance = demand.output_tokens_per_s / n_d
-    load_d = per_instance * beta
-    stable_d = load_d < 1.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        steady = np.where(stable_d, per_instance * model.itl_base_s / (1.0 - load_d), np.inf)
-    batch = np.maximum(steady, running_streams / n_d)
-    max_batch = (slo.itl_s - model.itl_base_s) / beta if beta > 0 else math.inf
-    itl = model.itl_base_s + beta * batch
-    if math.isinf(max_batch):
-        itl_ok = np.where(stable_d, 1.0, 0.0)
-    else:
-        with np.errstate(invalid="ignore"):  # an unstable split has batch = inf
-            spread = np.sqrt(np.maximum(batch, 1.0))
-            z = np.where(stable_d, (max_batch - batch) / spread, -40.0)
-        itl_ok = np.where(stable_d, _normal_cdf(z), 0.0)
-    goodput = lam * ttft_ok * itl_ok
-    headroom = np.minimum(1.0 - rho_p, 1.0 - load_d)
-    return {
-        "num_prefill": np.asarray(num_prefill, dtype=np.float64),
-        "num_decode": np.asarray(num_decode, dtype=np.float64),
-        "goodput_rps": goodput,
-        "ttft_attainment_ratio": ttft_ok,
-        "itl_attainment_ratio": itl_ok,
-        "prefill_utilisation_ratio": rho_p,
-        "decode_batch": batch,
-        "decode_max_batch": np.full_like(batch, max_batch),
-        "itl_s": itl,
-        "headroom_ratio": headroom,
-    }
-
-
 def _at(figures: Mapping[str, F64], i: int) -> SplitPrediction:
     return SplitPrediction(**{name: float(values[i]) for name, values in figures.items()})
-
-
-_CORRECTIONS = np.geomspace(1.0, 1024.0, 41)
-
-
-def _ttft_correction(
-    observed: float | None, cur_p: float, cur_d: float, common: Mapping[str, Any]
-) -> float:
-    """The smallest factor on the arrivals' burstiness (1 to 1024, in steps of 2^¼) at
-    which the current split's predicted TTFT attainment drops to the observed one: a
-    correction like Dynamo's ``actual/expected``, for what the model misses (bursts beyond
-    the measured ones, prompt-length tails). Only ever makes prefill look slower."""
-    if observed is None or not math.isfinite(observed):
-        return 1.0
-    size = _CORRECTIONS.size
-    predicted = predict_splits(
-        np.full(size, cur_p), np.full(size, cur_d), ttft_correction=_CORRECTIONS, **common
-    )["ttft_attainment_ratio"]
-    if predicted[0] <= observed + 0.01:
-        return 1.0
-    below = np.nonzero(predicted <= observed)[0]
-    return float(_CORRECTIONS[below[0] if below.size else size - 1])
 
 
 def _eligible(inst: InstanceLoad, now_s: float, config: PlannerConfig) -> bool:
@@ -471,7 +299,7 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         "running_streams": streams,
         "context_per_stream": context_per_stream,
     }
-    correction = _ttft_correction(snapshot.observed_ttft_attainment_ratio, cur_p, cur_d, common)
+    correction = ttft_correction(snapshot.observed_ttft_attainment_ratio, cur_p, cur_d, common)
     figures = predict_splits(
         (cur_p + shifts).astype(np.float64),
         (cur_d - shifts).astype(np.float64),
@@ -565,71 +393,3 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         f"{best.num_prefill:g}P:{best.num_decode:g}D)"
     )
     return Plan(now, moves, current, best, target, reason, evidence)
-
-
-class ServiceModelLearner:
-    """Online estimates of a :class:`ServiceModel` from observations, starting at ``prior``.
-
-    Prefill rate: exponentially weighted mean (``prefill_weight`` per observation) of
-    observed rates (prompt tokens ÷ busy prefill seconds). Decode step time: recursive
-    least squares on ``itl = a + β·b + c·C`` with forgetting factor ``forget`` and the prior
-    as the initial estimate (``prior_strength``: how many observations the prior is worth).
-    Observations outside the physical range (non-positive, non-finite) are ignored.
-    Deterministic; no I/O.
-    """
-
-    def __init__(
-        self,
-        prior: ServiceModel,
-        *,
-        prefill_weight: float = 0.2,
-        forget: float = 0.99,
-        prior_strength: float = 5.0,
-    ) -> None:
-        if not 0 < prefill_weight <= 1:
-            raise ValueError(f"prefill_weight must be in (0, 1], got {prefill_weight!r}")
-        if not 0 < forget <= 1:
-            raise ValueError(f"forget must be in (0, 1], got {forget!r}")
-        _positive("prior_strength", prior_strength)
-        self.prior = prior
-        self._prefill_weight = prefill_weight
-        self._forget = forget
-        self._rate = prior.prefill_tokens_per_s
-        self._theta = np.array(
-            [prior.itl_base_s, prior.itl_per_seq_s, prior.itl_per_context_token_s]
-        )
-        # Covariance scaled per coordinate so the prior is worth ``prior_strength`` samples.
-        scale = np.array([1.0, 1e-2, 1e-8])
-        self._cov = np.diag(scale / prior_strength)
-        self.num_prefill_observations = 0
-        self.num_itl_observations = 0
-
-    def observe_prefill_rate(self, tokens_per_s: float) -> None:
-        if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
-            return
-        w = self._prefill_weight
-        self._rate = (1 - w) * self._rate + w * tokens_per_s
-        self.num_prefill_observations += 1
-
-    def observe_itl(self, batch: float, context_tokens: float, itl_s: float) -> None:
-        values = (batch, context_tokens, itl_s)
-        if not all(math.isfinite(v) for v in values) or batch < 1 or itl_s <= 0:
-            return
-        x = np.array([1.0, batch, context_tokens])
-        px = self._cov @ x
-        gain = px / (self._forget + x @ px)
-        self._theta = self._theta + gain * (itl_s - x @ self._theta)
-        self._cov = (self._cov - np.outer(gain, px)) / self._forget
-        self.num_itl_observations += 1
-
-    def model(self) -> ServiceModel:
-        """The current estimate; coefficients clipped to the physical range (a base step
-        time of at least a tenth of the prior's, non-negative slopes)."""
-        a, b, c = (float(v) for v in self._theta)
-        return ServiceModel(
-            prefill_tokens_per_s=self._rate,
-            itl_base_s=max(a, 0.1 * self.prior.itl_base_s),
-            itl_per_seq_s=max(b, 0.0),
-            itl_per_context_token_s=max(c, 0.0),
-            kv_handoff_s=self.prior.kv_handoff_s,
-        )

@@ -17,8 +17,9 @@ What each observes (nothing the live control plane could not):
   planner then corrects the decode model online (``ServiceModelLearner``) from the goodput
   engine's median ITL at the observed decode batch.
 
-Admission is delegated to ``admission`` (another SimPolicy, e.g. helper H4's adapter) when
-given, so one policy can run both loops; otherwise every request is admitted.
+Admission is delegated to ``admission`` (another SimPolicy, e.g. the adapter in
+``serving.sim.control.admission``) when given, so one policy can run both loops; otherwise
+every request is admitted.
 
 Example::
 
