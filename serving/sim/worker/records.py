@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from exporters.transport import ControlPlaneExporter
+from exporters.sinks import RecordSink
 from serving.sim.worker.engine import SimEngine, SimRequest
 from serving.vllm_plugin.records import EngineRecordBuilder
 
@@ -43,10 +43,11 @@ def _or(value: float, default: float) -> float:
 
 
 class EngineRecords:
-    """Listens to ``engine`` and ships its records through ``exporter``; install with
+    """Listens to ``engine`` and hands its records to ``exporter`` (a
+    :class:`~exporters.transport.ControlPlaneExporter` in the worker); install with
     :meth:`attach`."""
 
-    def __init__(self, engine: SimEngine, exporter: ControlPlaneExporter, *, model: str) -> None:
+    def __init__(self, engine: SimEngine, exporter: RecordSink, *, model: str) -> None:
         self.engine = engine
         self.exporter = exporter
         self.builder = EngineRecordBuilder(
