@@ -5,11 +5,14 @@ them (:meth:`~AdmissionLearner.observe`, columnar: a few numpy passes per batch,
 per record) and keeps, from the start, an estimate (:meth:`~AdmissionLearner.params`) that
 begins at a prior and moves toward the data:
 
-* **prefill rate** (prompt tokens/s of one instance): uncached prompt tokens ÷ the time
-  between ``PREFILL_START`` and ``PREFILL_END``, pooled per batch (Σ tokens ÷ Σ seconds)
-  and averaged across batches with exponential forgetting. The gateway's phases include
-  the wait in the prefill instance's queue, so under load the rate is underestimated:
-  the error is on the side of shedding a little early;
+* **prefill rate** (prompt tokens/s of one instance), from the uncached prompt tokens and
+  the time between ``PREFILL_START`` and ``PREFILL_END``, averaged across batches with
+  exponential forgetting. Engine records (one instance's batch; the engine's phases start
+  when the request is scheduled) give Σ tokens ÷ the time the instance was prefilling (the
+  union of the intervals: prompts prefilled together share their seconds). Gateway
+  records are used only while no engine record has come: Σ tokens ÷ Σ seconds, whose
+  phases include the wait in the prefill queue, so the rate errs low (shedding a little
+  early);
 * **KV handoff** (``KV_HANDOFF_START`` → ``KV_HANDOFF_END``: the decode's first token after
   the prefill), a forgetting mean;
 * **ITL model** ``itl = a + b·batch + c·context_tokens``: each request that decoded at least
@@ -134,7 +137,8 @@ class AdmissionLearner:
         self.forget = forget
         self.prior_weight = prior_weight
         # Σ-statistics with forgetting: (weight, weighted sum) per mean.
-        self._prefill = [0.0, 0.0]  # seconds, tokens
+        self._prefill = [0.0, 0.0]  # seconds, tokens (gateway records)
+        self._prefill_engine = [0.0, 0.0]  # busy seconds, tokens (engine records)
         self._handoff = [0.0, 0.0]
         self._decode = [0.0, 0.0]
         self._context = [0.0, 0.0]
@@ -164,9 +168,17 @@ class AdmissionLearner:
         rows = ok & (start >= 0) & (end > start)
         tokens = np.maximum(batch.prompt_tokens - batch.cached_tokens, 0).astype(np.float64)
         rows &= tokens > 0
-        if rows.any():
-            _decay_add(self._prefill, f, float((end - start)[rows].sum()) / 1e6, tokens[rows].sum())
-            self.counts["prefill"] += int(rows.sum())
+        engine = batch.vantage == Vantage.ENGINE
+        for mask, acc in ((rows & engine, self._prefill_engine), (rows & ~engine, self._prefill)):
+            if not mask.any():
+                continue
+            if acc is self._prefill_engine:  # the instance's busy time
+                at = batch.arrival_time_ns[mask] // 1000
+                seconds = _union_s(at + start[mask], at + end[mask])
+            else:
+                seconds = float((end - start)[mask].sum()) / 1e6
+            _decay_add(acc, f, seconds, float(tokens[mask].sum()))
+            self.counts["prefill"] += int(mask.sum())
         # KV handoff
         h0, h1 = phases[:, Phase.KV_HANDOFF_START], phases[:, Phase.KV_HANDOFF_END]
         rows = ok & (h0 >= 0) & (h1 >= h0)
@@ -217,7 +229,7 @@ class AdmissionLearner:
         """The current estimate (the prior where nothing was observed yet)."""
         p, w = self.prior, self.prior_weight
         # The prior rate weighs as much as ``prior_weight`` × 10 ms of observed prefill.
-        seconds, tokens = self._prefill
+        seconds, tokens = self._prefill_engine if self._prefill_engine[0] > 0 else self._prefill
         rate = (tokens + w * p.prefill_tokens_per_s * 0.01) / (seconds + w * 0.01)
         handoff = _mean(self._handoff, p.kv_handoff_s, w)
         decode = _mean(self._decode, p.mean_decode_s, w)
@@ -260,6 +272,15 @@ def _nonnegative_slopes(gram: F64, moment: F64) -> tuple[float, float, float]:
             best = (cost, full)
     assert best is not None  # the intercept-only set is always feasible
     return float(best[1][0]), float(best[1][1]), float(best[1][2])
+
+
+def _union_s(start_us: npt.NDArray[np.int64], end_us: npt.NDArray[np.int64]) -> float:
+    """Seconds covered by the union of the intervals ``[start_us, end_us]``."""
+    order = np.argsort(start_us, kind="stable")
+    starts, ends = start_us[order], np.maximum.accumulate(end_us[order])
+    first = np.flatnonzero(np.concatenate([[True], starts[1:] > ends[:-1]]))
+    last = np.concatenate([first[1:] - 1, [starts.size - 1]])
+    return float((ends[last] - starts[first]).sum()) / 1e6
 
 
 def _decay_add(acc: list[float], forget: float, weight: float, total: float) -> None:

@@ -142,3 +142,28 @@ def test_bad_settings_are_refused() -> None:
         AdmissionLearner(forget=0)
     with pytest.raises(ValueError, match="prior_weight must be"):
         AdmissionLearner(prior_weight=float("nan"))
+
+
+def test_engine_prefills_done_together_share_their_seconds() -> None:
+    # One engine prefills two 1,000-token prompts together in 2 s, then one alone in 1 s:
+    # 3,000 tokens in 3 busy seconds. Gateway records (queue included) are then ignored.
+    def engine(i: int, arrival_s: float, prefill_s: float) -> RequestRecord:
+        offsets = np.full(NUM_PHASES, -1, dtype=np.int64)
+        offsets[Phase.PREFILL_START] = 0
+        offsets[Phase.PREFILL_END] = round(prefill_s * 1e6)
+        return RequestRecord(
+            request_id=f"e{i}",
+            vantage=Vantage.ENGINE,
+            arrival_time_ns=T0 + round(arrival_s * 1e9),
+            emission_offsets_us=np.array([round(prefill_s * 1e6)]),
+            phase_offsets_us=offsets,
+            prompt_tokens=1000,
+        )
+
+    learner = AdmissionLearner(prior_weight=1e-9)
+    slow = _phase_record(9, 1000, {Phase.PREFILL_START: 0, Phase.PREFILL_END: 10_000_000})
+    learner.observe(RecordBatch.from_records([slow]))
+    assert learner.params().prefill_tokens_per_s == pytest.approx(100.0, rel=1e-3)
+    records = [engine(0, 0.0, 2.0), engine(1, 0.0, 2.0), engine(2, 5.0, 1.0)]
+    learner.observe(RecordBatch.from_records(records))
+    assert learner.params().prefill_tokens_per_s == pytest.approx(1000.0, rel=1e-3)
