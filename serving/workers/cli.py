@@ -87,8 +87,8 @@ def worker(
         typer.Option(
             min=0,
             max=19,
-            help="run vLLM at this lower CPU priority (0..19), so it does not "
-            "starve a gateway or client on the same cores",
+            help="once ready, run vLLM at this lower CPU priority (0..19), so it does "
+            "not starve a gateway or client on the same cores",
         ),
     ] = 0,
     print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,
@@ -150,7 +150,7 @@ def worker(
         raise typer.Exit(code=2) from None
     if print_plan:
         plan = build_launch(spec, run_dir=run_dir or Path("RUN_DIR"), base_env={})
-        typer.echo(json.dumps({"argv": plan.argv, "env": plan.env}, indent=2))
+        typer.echo(json.dumps({"argv": plan.argv, "env": plan.env, "nice": nice}, indent=2))
         return
     if not (model / "config.json").is_file():
         typer.echo(f"error: --model {model} has no config.json", err=True)

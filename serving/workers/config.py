@@ -34,6 +34,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from serving.workers.priority import MAX_NICE
+
 __all__ = [
     "ATOMIC_CONNECTOR_CLASS",
     "ATOMIC_CONNECTOR_MODULE",
@@ -47,7 +49,6 @@ __all__ = [
 
 ATOMIC_CONNECTOR_MODULE = "serving.workers.kv_connector"
 EXEC_CHILD_MODULE = "serving.workers._exec_child"
-MAX_NICE = 19
 ATOMIC_CONNECTOR_CLASS = "AtomicExampleConnector"
 # What vLLM needs on a machine with no network (shared/notes/vllm-cpu.md).
 _OFFLINE_ENV = {
@@ -78,9 +79,10 @@ class VllmSpec:
     instead of 75–80 s on this machine kind, which matters more than step time for the tiny
     model. ``engine_env`` is added to the server's environment (for example the stat-logger
     plugin's ``GOODPUT_CONTROL_PLANE_URL`` / ``GOODPUT_INGEST_KEY``); ``extra_args`` is
-    appended to its command line. ``nice`` (0..19) runs the server at a lower CPU priority
-    (its niceness and, on Linux, its session's autogroup: :mod:`serving.workers._exec_child`),
-    so that an engine sharing cores with the gateway and clients does not delay them.
+    appended to its command line. ``nice`` (0..19) runs the server, once ready, at a lower
+    CPU priority (its niceness and, on Linux, its session's autogroup:
+    :mod:`serving.workers.priority`), so that an engine sharing cores with the gateway and
+    clients does not delay them.
     """
 
     model: Path
@@ -184,9 +186,10 @@ def build_launch(
     ``vllm_dist_*`` files) and ``cache`` (``VLLM_CACHE_ROOT``: compile caches), so that
     instances never share them and nothing lands in ``/tmp`` or ``~/.cache``. ``python`` is
     the interpreter (default: this one); ``base_env`` the inherited environment (default:
-    ``os.environ``). With ``parent_pid`` (the server dies with that process) or a
-    ``spec.nice``, the command is run through :mod:`serving.workers._exec_child`, which
-    makes those settings in the child and execs vLLM. Pure: creates nothing.
+    ``os.environ``). With ``parent_pid`` the command is run through
+    :mod:`serving.workers._exec_child`, which makes the server die with that process and
+    execs vLLM (same pid). ``spec.nice`` is not in the plan: the launcher applies it once
+    the server is ready. Pure: creates nothing.
     """
     env = dict(os.environ if base_env is None else base_env)
     env.update(_OFFLINE_ENV)
@@ -228,11 +231,7 @@ def build_launch(
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
     argv += list(spec.extra_args)
-    wrapper = []
     if parent_pid is not None:
-        wrapper += ["--parent", str(parent_pid)]
-    if spec.nice:
-        wrapper += ["--nice", str(spec.nice)]
-    if wrapper:
-        argv = [python or sys.executable, "-m", EXEC_CHILD_MODULE, *wrapper, "--", *argv]
+        wrapper = [python or sys.executable, "-m", EXEC_CHILD_MODULE, "--parent", str(parent_pid)]
+        argv = [*wrapper, "--", *argv]
     return LaunchPlan(argv=argv, env=env)

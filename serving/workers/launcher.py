@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from serving.workers.config import LaunchPlan, VllmSpec, build_launch
+from serving.workers.priority import lower_priority
 
 __all__ = ["LOG_NAME", "ServerError", "VllmServer"]
 
@@ -63,6 +64,7 @@ class VllmServer:
         # One pooled client for the health checks: a fresh one per check (``httpx.get``)
         # costs ~25 ms of CPU, mostly building a TLS context, on cores the engine needs.
         self._http = httpx.Client()
+        self._settled = False  # spec.nice applied to the running process
 
     @property
     def url(self) -> str:
@@ -85,6 +87,7 @@ class VllmServer:
         if self.alive():
             return
         self._end_group()  # an engine core left over from a crashed server
+        self._settled = False
         for sub in ("tmp", "cache"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         plan = self.plan()
@@ -110,9 +113,27 @@ class VllmServer:
     def healthy(self, timeout_s: float = 2.0) -> bool:
         """Whether ``GET /health`` answers 200 now."""
         try:
-            return self._http.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+            ok = self._http.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
         except httpx.HTTPError:
             return False
+        if ok and not self._settled:
+            self._settle()
+        return ok
+
+    def _settle(self) -> None:
+        """Once ready: the whole group to ``spec.nice`` (start-up ran at normal priority,
+        so a busy machine does not stretch it)."""
+        self._settled = True
+        if self.spec.nice and self._process is not None:
+            try:
+                changed = lower_priority(self._process.pid, self.spec.nice)
+            except OSError as exc:
+                logger.warning("could not lower vLLM's priority on %s: %s", self.url, exc)
+            else:
+                logger.info(
+                    "vLLM on %s now runs at niceness %d (%d threads)", self.url, self.spec.nice,
+                    changed,
+                )  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout_s

@@ -1,61 +1,104 @@
-"""The exec wrapper in a real child process: the niceness and the session's autogroup."""
+"""The exec wrapper and the priority of a running process group, with real processes."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from serving.workers._exec_child import main
+from serving.workers.priority import lower_priority
 
-SHOW = (
-    "import os, pathlib\n"
-    "group = pathlib.Path('/proc/self/autogroup')\n"
-    "print(os.getpriority(os.PRIO_PROCESS, 0), group.read_text().split()[-1] "
-    "if group.exists() else '-')\n"
+REPO = Path(__file__).parents[4]
+# A process with a second thread and a child process, all in one new session.
+FAMILY = (
+    "import subprocess, sys, threading, time\n"
+    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
 )
 
 
-def run(*wrapper: str, new_session: bool = True) -> list[str]:
-    argv = [sys.executable, "-m", "serving.workers._exec_child", *wrapper, "--",
-            sys.executable, "-c", SHOW]  # fmt: skip
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=60, check=True,
-        start_new_session=new_session, cwd=Path(__file__).parents[4],
+def nices(pgid: int) -> list[int]:
+    """The niceness of every thread of every process in group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
+                continue
+            found += [os.getpriority(os.PRIO_PROCESS, int(t.name))
+                      for t in (entry / "task").iterdir()]  # fmt: skip
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.fixture
+def family() -> Iterator[subprocess.Popen[str]]:
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc (Linux)")
+    process = subprocess.Popen(
+        [sys.executable, "-c", FAMILY], stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
-    return done.stdout.split()
+    assert process.stdout is not None and process.stdout.readline() == "up\n"
+    try:
+        yield process
+    finally:
+        os.killpg(process.pid, 9)
+        process.wait(10)
 
 
-def test_nice_lowers_the_process_and_its_own_sessions_autogroup() -> None:
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    nice, group = run("--nice", "10")
-    assert int(nice) == max(10, base)
-    if Path("/proc/self/autogroup").exists():  # Linux with autogroups
-        assert group == "10"
+def test_lower_priority_reaches_every_thread_and_the_sessions_autogroup(
+    family: subprocess.Popen[str],
+) -> None:
+    before = nices(family.pid)
+    assert len(before) >= 3  # main thread, its sleeper, the child
+    changed = lower_priority(family.pid, 10)
+    assert changed == sum(n < 10 for n in before)
+    assert nices(family.pid) == [max(10, n) for n in before]
+    group = Path(f"/proc/{family.pid}/autogroup")
+    if group.exists():  # Linux with autogroups: the family leads its own session
+        assert group.read_text().split()[-1] == "10"
+    assert lower_priority(family.pid, 5) == 0  # never raised back
 
 
-def test_a_child_in_its_callers_session_leaves_the_autogroup_alone() -> None:
-    if not Path("/proc/self/autogroup").exists():
-        pytest.skip("no scheduler autogroups on this kernel")
-    mine = Path("/proc/self/autogroup").read_text().split()[-1]
-    nice, group = run("--nice", "5", new_session=False)
-    assert int(nice) >= 5
-    assert group == mine  # the caller's group is shared: never changed from a child
+def test_lower_priority_refuses_a_niceness_out_of_range() -> None:
+    with pytest.raises(ValueError, match=r"nice must be in 0\.\.19, got 20"):
+        lower_priority(os.getpid(), 20)
 
 
-def test_parent_only_execs_unchanged() -> None:
-    nice, _ = run("--parent", str(os.getpid()))
-    assert int(nice) == os.getpriority(os.PRIO_PROCESS, 0)
+def test_the_wrapper_execs_the_command_in_place() -> None:
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "serving.workers._exec_child", "--parent", str(os.getpid()),
+         "--", sys.executable, "-c", "import os; print(os.getpid())"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    out, _ = wrapper.communicate(timeout=60)
+    assert wrapper.returncode == 0 and int(out) == wrapper.pid  # same process, exec'd
+
+
+def test_the_wrapper_refuses_a_dead_parent() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "serving.workers._exec_child", "--parent", "1", "--", "true"],
+        cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and time.monotonic() - started < 60
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [[], ["--", ], ["--nice", "20", "--", "true"], ["--nice", "-1", "--", "true"],
-     ["--bogus", "1", "--", "true"], ["--nice", "--", "true"], ["x", "--", "true"]],
-)  # fmt: skip
+    "argv", [[], ["--parent", "1", "--"], ["1", "--", "true"], ["--parent", "x", "--", "true"]]
+)
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)

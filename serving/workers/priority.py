@@ -1,0 +1,82 @@
+"""Lower the CPU priority of a running server's whole process group: :func:`lower_priority`.
+
+On a machine where engines share cores with the gateway and clients, a busy engine delays
+them, and their clocks are what goodput is measured with (docs/serving.md, "CPU priority").
+Two settings, because a niceness alone is not enough on Linux: with the scheduler's
+autogroups (``/proc/sys/kernel/sched_autogroup_enabled``, on by default in most
+distributions) each session is one scheduling group with an equal share, and a thread's
+niceness weighs only against the threads of its own session. So this sets the niceness of
+every thread of every process in the group (threads and processes started later inherit
+it) *and*, when the group's leader leads its own session, that session's autogroup
+niceness (``/proc/PID/autogroup``). Lowering a priority needs no privilege.
+
+:class:`~serving.workers.launcher.VllmServer` calls it once the server is ready: start-up
+(loading, profiling, warming) runs at normal priority, so a busy machine does not stretch it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from pathlib import Path
+
+__all__ = ["MAX_NICE", "lower_priority"]
+
+MAX_NICE = 19
+_PROC = Path("/proc")
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            # Fields after the command's closing parenthesis: state, ppid, pgrp, ...
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def lower_priority(pgid: int, nice: int) -> int:
+    """Run process group ``pgid`` at niceness ``nice`` (see the module); the number of
+    threads changed. Never raises a priority; a process that exits meanwhile is skipped.
+    Linux only (elsewhere: the group leader's niceness alone)."""
+    if not 0 <= nice <= MAX_NICE:
+        raise ValueError(f"nice must be in 0..{MAX_NICE}, got {nice}")
+    if not _PROC.is_dir():
+        with contextlib.suppress(OSError):
+            if os.getpriority(os.PRIO_PROCESS, pgid) < nice:
+                os.setpriority(os.PRIO_PROCESS, pgid, nice)
+                return 1
+        return 0
+    changed = 0
+    for pid in _group_members(pgid):
+        with contextlib.suppress(OSError):
+            for task in (_PROC / str(pid) / "task").iterdir():
+                with contextlib.suppress(OSError):
+                    tid = int(task.name)
+                    if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                        os.setpriority(os.PRIO_PROCESS, tid, nice)
+                        changed += 1
+    with contextlib.suppress(OSError):
+        if os.getsid(pgid) == pgid:  # its own session: the autogroup is the group's alone
+            _set_autogroup(pgid, nice)
+    return changed
+
+
+def _set_autogroup(pid: int, nice: int) -> None:
+    # Unprivileged writers get EAGAIN within 100 ms of any other autogroup change.
+    for _ in range(20):
+        try:
+            (_PROC / str(pid) / "autogroup").write_text(str(nice))
+            return
+        except FileNotFoundError:
+            return  # a kernel without autogroups
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+            time.sleep(0.11)
