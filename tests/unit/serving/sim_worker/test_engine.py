@@ -57,15 +57,27 @@ async def test_one_request_gets_its_tokens_on_the_modelled_schedule() -> None:
     engine.close()
 
 
-async def test_same_arrivals_give_the_offline_instance_models_token_times() -> None:
+MIXED = [(900, 30), (3000, 12), (200, 40), (1500, 25), (50, 8), (700, 20)]
+
+
+@pytest.mark.parametrize(
+    ("config", "sizes"),
+    [
+        (InstanceConfig(max_num_seqs=4, max_num_batched_tokens=2048, jitter_ratio=0.02), MIXED),
+        # A KV cache this small preempts (recompute) while the batch decodes.
+        (InstanceConfig(kv_capacity_tokens=1024, jitter_ratio=0.02), [(300, 100)] * 4),
+        (InstanceConfig(strategy="continuous", max_num_seqs=3, jitter_ratio=0.02), MIXED),
+    ],
+    ids=["chunked", "preempting", "continuous"],
+)
+async def test_same_arrivals_give_the_offline_instance_models_token_times(
+    config: InstanceConfig, sizes: list[tuple[int, int]]
+) -> None:
     """Real time changes when requests arrive, never what the model does with them."""
-    config = InstanceConfig(max_num_seqs=4, max_num_batched_tokens=2048, jitter_ratio=0.02)
     engine = SimEngine(LATENCY, config, seed=5)
     engine.start()
     requests = []
-    for k, (n, out) in enumerate(
-        [(900, 30), (3000, 12), (200, 40), (1500, 25), (50, 8), (700, 20)]
-    ):
+    for k, (n, out) in enumerate(sizes):
         requests.append(engine.submit(f"r{k}", prompt(n, k), max_tokens=out, output_tokens=out))
         await asyncio.sleep(0.004 * (k % 3))
     await asyncio.gather(*(finish(r) for r in requests))
@@ -77,6 +89,9 @@ async def test_same_arrivals_give_the_offline_instance_models_token_times() -> N
     serve(offline, jobs, close=False)
     for request, job in zip(requests, jobs, strict=True):
         np.testing.assert_array_equal(request.job.emission_times(), job.emission_times())
+    assert engine.counters.preemptions == offline.stats.num_preemptions
+    if config.kv_capacity_tokens:
+        assert engine.counters.preemptions > 0
     engine.close()
 
 
