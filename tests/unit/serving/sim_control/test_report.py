@@ -68,7 +68,7 @@ class Evaluation:
 def evaluation() -> Evaluation:
     cap = capacity(SCENARIO, start=4.0, rel_tol=0.2)
     peak, cells = overload(SCENARIO, cap, baseline_contenders(), levels=(2.0,))
-    setup, shifts = workload_shift(Scenario("azure_conv", 3, 16.0), baseline_contenders())
+    setup, shifts = workload_shift(Scenario("azure_conv", 3, 10.0), baseline_contenders())
     planner = next(c for c in control_contenders()[0] if c.plans)
     return Evaluation(cap, peak, cells, setup, shifts, [stability(SCENARIO, cap, planner)])
 
