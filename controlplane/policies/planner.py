@@ -15,12 +15,12 @@ KV handoff ``h``):
   exponential with mean ``v·D/(1 − ρ_p)``, where ``v = (c_a² + c_s²)/2`` (Kingman's
   G/G/1 factor: ``v = 1/2`` for Poisson arrivals of equal prompts, the M/D/1 mean wait
   ``ρD/(2(1 − ρ))``; bursty arrivals make it much larger), so
-  ``P(TTFT > T) ≈ ρ_p·exp(−(1 − ρ_p)·s/(v·D))`` with slack ``s = T − D − h − B``.
+  ``P(TTFT > T) ≈ ρ_p·exp(−(1 − ρ_p)·s/(v·D))`` with slack ``s = T − D − h``.
   For bursty arrivals (``c_a² > 1``) the probability of waiting is ``min(1, ρ_p·c_a²)``
   rather than ``ρ_p`` (in a burst nearly everyone waits), the tail's mean scaled to keep
-  the Kingman mean,
-  where ``B`` is the backlog already queued beyond the steady state (queued prefill tokens
-  ÷ pool rate, less the mean wait). ``ρ_p ≥ 1``: the queue grows without bound, 0.
+  the Kingman mean. Prefill tokens already queued count as extra demand to drain within
+  ``backlog_horizon_s`` (``ρ_p = (P + Q/H)/(n_p·r)``), so a momentary burst weighs little
+  and a standing queue a lot. ``ρ_p ≥ 1``: the queue grows without bound, 0.
 * *ITL* — Little's law on a decode instance: ``b = (O/n_d)·itl(b)``, so
   ``b = (O/n_d)·a / (1 − (O/n_d)·β′)`` with ``β′ = β + c·ctx`` (``ctx``: context per
   sequence), or the running sequences observed now spread over ``n_d``, whichever is
@@ -52,10 +52,10 @@ in both and never twice. Where the KV connector lets the instance serve both rol
 role (``mode "restart"``) — the plan says which, and the commands are the same.
 
 **Capacities.** Live, the control plane learns them from ingested records with the
-admission learner (``controlplane.policies.learning``) and passes them in the snapshot. The
-model (``controlplane.policies.planner_model``) also has :class:`ServiceModelLearner`, a
-small recursive-least-squares learner the simulator adapter uses to correct a profile's
-decode step time from observed ITL.
+admission learner (``controlplane.policies.learning``) and passes them in the snapshot; the
+simulator adapter starts from the fitted profile and corrects its decode step time by the
+observed ITL (``serving.sim.control.planner``). The model's arithmetic is in
+``controlplane.policies.planner_model``.
 
 Example::
 
@@ -79,7 +79,6 @@ import numpy.typing as npt
 from controlplane.policies.planner_model import (
     Demand,
     ServiceModel,
-    ServiceModelLearner,
     SLOTargets,
     check_positive,
     predict_splits,
@@ -96,7 +95,6 @@ __all__ = [
     "PlannerSnapshot",
     "SLOTargets",
     "ServiceModel",
-    "ServiceModelLearner",
     "SplitPrediction",
     "plan",
     "predict_splits",
@@ -135,15 +133,18 @@ class InstanceLoad:
 @dataclass(frozen=True, slots=True)
 class PlannerConfig:
     """Hysteresis (``min_gain_ratio`` of current goodput and ``min_gain_rps``), dwell
-    time, moves per tick, and the smallest pool the planner leaves."""
+    time, moves per tick, the smallest pool the planner leaves, and the horizon over which
+    queued prefill tokens count as demand."""
 
     min_gain_ratio: float = 0.05
     min_gain_rps: float = 0.0
     min_dwell_s: float = 60.0
     max_moves_per_tick: int = 1
     min_pool_size: int = 1
+    backlog_horizon_s: float = 30.0
 
     def __post_init__(self) -> None:
+        check_positive("backlog_horizon_s", self.backlog_horizon_s)
         check_positive("min_gain_ratio", self.min_gain_ratio, allow_zero=True)
         check_positive("min_gain_rps", self.min_gain_rps, allow_zero=True)
         check_positive("min_dwell_s", self.min_dwell_s, allow_zero=True)
@@ -296,6 +297,7 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         "slo": snapshot.slo,
         "prefill_rate": rate,
         "queued_prefill_tokens": queued,
+        "backlog_horizon_s": config.backlog_horizon_s,
         "running_streams": streams,
         "context_per_stream": context_per_stream,
     }
@@ -320,6 +322,7 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         "slo": {"ttft_s": snapshot.slo.ttft_s, "itl_s": snapshot.slo.itl_s},
         "pools": {"prefill": cur_p, "decode": cur_d},
         "queued_prefill_tokens": queued,
+        "backlog_horizon_s": config.backlog_horizon_s,
         "running_streams": streams,
         "context_per_stream": context_per_stream,
         "prefill_rate_tokens_per_s": rate,

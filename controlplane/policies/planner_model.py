@@ -1,7 +1,7 @@
 """The planner's model: capacities, demand and SLO targets, the predicted attainment of
-every candidate P:D split, the TTFT correction from observed attainment, and a minimal
-online learner of the capacities. Pure (no I/O, no clock); the derivation is in
-``controlplane.policies.planner``'s docstring and ``docs/planner.md``.
+every candidate P:D split, and the TTFT correction from observed attainment. Pure (no I/O,
+no clock); the derivation is in ``controlplane.policies.planner``'s docstring and
+``docs/planner.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ __all__ = [
     "Demand",
     "SLOTargets",
     "ServiceModel",
-    "ServiceModelLearner",
     "check_positive",
     "predict_splits",
     "ttft_correction",
@@ -126,19 +125,23 @@ def predict_splits(
     slo: SLOTargets,
     prefill_rate: float,
     queued_prefill_tokens: float = 0.0,
+    backlog_horizon_s: float = 30.0,
     running_streams: float = 0.0,
     context_per_stream: float = 0.0,
     ttft_correction: float | F64 = 1.0,
 ) -> dict[str, F64]:
-    """The model's figures for each candidate split (arrays of equal length): see the
-    module docstring. ``prefill_rate`` is the mean per-instance prefill rate of the fleet."""
+    """The model's figures for each candidate split (arrays of equal length): see
+    ``controlplane.policies.planner``. ``prefill_rate`` is the mean per-instance prefill
+    rate of the fleet; the prefill tokens already queued count as extra demand to drain
+    within ``backlog_horizon_s`` (a momentary burst weighs little, a standing queue a lot)."""
     n_p = np.maximum(np.asarray(num_prefill, dtype=np.float64), _EPS)
     n_d = np.maximum(np.asarray(num_decode, dtype=np.float64), _EPS)
     lam = demand.requests_per_s
     # -- prefill: a G/G/1 queue per instance (M/D/1 for Poisson arrivals of equal prompts)
     mean_prompt = demand.prompt_tokens_per_s / lam if lam > 0 else 0.0
     service_s = mean_prompt / prefill_rate
-    rho_p = demand.prompt_tokens_per_s / (n_p * prefill_rate)
+    prefill_load = demand.prompt_tokens_per_s + queued_prefill_tokens / backlog_horizon_s
+    rho_p = prefill_load / (n_p * prefill_rate)
     stable_p = rho_p < 1.0
     safe_rho = np.where(stable_p, rho_p, 0.5)
     burst = max(demand.arrival_scv, 0.1) * np.asarray(ttft_correction)  # effective c_a²
@@ -147,8 +150,7 @@ def predict_splits(
     mean_wait = np.where(stable_p, safe_rho * service_s * variability / (1.0 - safe_rho), np.inf)
     # P(wait > 0): ρ for Poisson arrivals (PASTA); within bursts nearly everyone waits.
     p_wait = np.minimum(safe_rho * np.maximum(burst, 1.0), 1.0)
-    backlog_s = np.maximum(queued_prefill_tokens / (n_p * prefill_rate) - mean_wait, 0.0)
-    slack = slo.ttft_s - service_s - model.kv_handoff_s - backlog_s
+    slack = slo.ttft_s - service_s - model.kv_handoff_s
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         conditional_wait = np.maximum(mean_wait / np.maximum(p_wait, _EPS), _EPS)
         tail = np.where(
@@ -208,71 +210,3 @@ def ttft_correction(
         return 1.0
     below = np.nonzero(predicted <= observed)[0]
     return float(_CORRECTIONS[below[0] if below.size else size - 1])
-
-
-class ServiceModelLearner:
-    """Online estimates of a :class:`ServiceModel` from observations, starting at ``prior``.
-
-    Prefill rate: exponentially weighted mean (``prefill_weight`` per observation) of
-    observed rates (prompt tokens ÷ busy prefill seconds). Decode step time: recursive
-    least squares on ``itl = a + β·b + c·C`` with forgetting factor ``forget`` and the prior
-    as the initial estimate (``prior_strength``: how many observations the prior is worth).
-    Observations outside the physical range (non-positive, non-finite) are ignored.
-    Deterministic; no I/O.
-    """
-
-    def __init__(
-        self,
-        prior: ServiceModel,
-        *,
-        prefill_weight: float = 0.2,
-        forget: float = 0.99,
-        prior_strength: float = 5.0,
-    ) -> None:
-        if not 0 < prefill_weight <= 1:
-            raise ValueError(f"prefill_weight must be in (0, 1], got {prefill_weight!r}")
-        if not 0 < forget <= 1:
-            raise ValueError(f"forget must be in (0, 1], got {forget!r}")
-        check_positive("prior_strength", prior_strength)
-        self.prior = prior
-        self._prefill_weight = prefill_weight
-        self._forget = forget
-        self._rate = prior.prefill_tokens_per_s
-        self._theta = np.array(
-            [prior.itl_base_s, prior.itl_per_seq_s, prior.itl_per_context_token_s]
-        )
-        # Covariance scaled per coordinate so the prior is worth ``prior_strength`` samples.
-        scale = np.array([1.0, 1e-2, 1e-8])
-        self._cov = np.diag(scale / prior_strength)
-        self.num_prefill_observations = 0
-        self.num_itl_observations = 0
-
-    def observe_prefill_rate(self, tokens_per_s: float) -> None:
-        if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
-            return
-        w = self._prefill_weight
-        self._rate = (1 - w) * self._rate + w * tokens_per_s
-        self.num_prefill_observations += 1
-
-    def observe_itl(self, batch: float, context_tokens: float, itl_s: float) -> None:
-        values = (batch, context_tokens, itl_s)
-        if not all(math.isfinite(v) for v in values) or batch < 1 or itl_s <= 0:
-            return
-        x = np.array([1.0, batch, context_tokens])
-        px = self._cov @ x
-        gain = px / (self._forget + x @ px)
-        self._theta = self._theta + gain * (itl_s - x @ self._theta)
-        self._cov = (self._cov - np.outer(gain, px)) / self._forget
-        self.num_itl_observations += 1
-
-    def model(self) -> ServiceModel:
-        """The current estimate; coefficients clipped to the physical range (a base step
-        time of at least a tenth of the prior's, non-negative slopes)."""
-        a, b, c = (float(v) for v in self._theta)
-        return ServiceModel(
-            prefill_tokens_per_s=self._rate,
-            itl_base_s=max(a, 0.1 * self.prior.itl_base_s),
-            itl_per_seq_s=max(b, 0.0),
-            itl_per_context_token_s=max(c, 0.0),
-            kv_handoff_s=self.prior.kv_handoff_s,
-        )

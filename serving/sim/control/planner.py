@@ -14,8 +14,8 @@ What each observes (nothing the live control plane could not):
 * capacities — the profile's fitted step times (what Dynamo calls pre-deployment
   profiling): the prefill rate at the observed mean prompt in full batches, the decode step
   ``base + per_seq·b + per_token·C`` below the knee, the KV handoff over NVLink. Our
-  planner then corrects the decode model online (``ServiceModelLearner``) from the goodput
-  engine's median ITL at the observed decode batch.
+  planner then corrects the decode step online by one factor, observed median ITL ÷ the
+  profile's ITL at the observed decode batch (``learn=True``, the default).
 
 Admission is delegated to ``admission`` (another SimPolicy, e.g. the adapter in
 ``serving.sim.control.admission``) when given, so one policy can run both loops; otherwise
@@ -46,7 +46,6 @@ from controlplane.policies.planner import (
     PlannerConfig,
     PlannerSnapshot,
     ServiceModel,
-    ServiceModelLearner,
     SLOTargets,
     plan,
 )
@@ -200,7 +199,7 @@ class PlannerPolicy:
         self.arrivals = ArrivalWindow(window_s)
         self.admission = admission
         self.learn = learn
-        self._learner: ServiceModelLearner | None = None
+        self.decode_correction = 1.0
         self._changed: dict[str, float] = {}
         self.num_moves = 0
         self.last_reason = ""
@@ -240,23 +239,26 @@ class PlannerPolicy:
     def _model(
         self, prior: ServiceModel, snapshot: ClusterSnapshot, context: float
     ) -> ServiceModel:
+        """The profile's model, its decode step scaled by the learned correction: an
+        exponentially weighted mean (weight 0.2) of observed median ITL ÷ the ITL the
+        profile predicts at the observed decode batch, kept within [0.5, 4] (like Dynamo's
+        ``decode_correction``; one factor, so a batch that hardly varies cannot make it
+        diverge)."""
         if not self.learn:
             return prior
-        if self._learner is None:
-            self._learner = ServiceModelLearner(prior)
         decode = [v for v in snapshot.instances if v.role is PoolRole.DECODE]
         streams = sum(v.decode_streams for v in decode)
         itl = next((s.itl.p50_s for s in snapshot.goodput if s.itl.p50_s is not None), None)
         if decode and streams and itl is not None:
             batch = streams / len(decode)
-            self._learner.observe_itl(batch, batch * context, itl)
-        learned = self._learner.model()
-        # Prefill follows the profile at the current prompt mix (its rate depends on length).
+            ratio = itl / prior.itl_s(batch, batch * context)
+            self.decode_correction = min(4.0, max(0.5, 0.8 * self.decode_correction + 0.2 * ratio))
+        k = self.decode_correction
         return ServiceModel(
             prefill_tokens_per_s=prior.prefill_tokens_per_s,
-            itl_base_s=learned.itl_base_s,
-            itl_per_seq_s=learned.itl_per_seq_s,
-            itl_per_context_token_s=learned.itl_per_context_token_s,
+            itl_base_s=prior.itl_base_s * k,
+            itl_per_seq_s=prior.itl_per_seq_s * k,
+            itl_per_context_token_s=prior.itl_per_context_token_s * k,
             kv_handoff_s=prior.kv_handoff_s,
         )
 

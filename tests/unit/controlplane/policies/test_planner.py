@@ -16,7 +16,6 @@ from controlplane.policies.planner import (
     PlannerConfig,
     PlannerSnapshot,
     ServiceModel,
-    ServiceModelLearner,
     SLOTargets,
     plan,
     predict_splits,
@@ -216,24 +215,6 @@ def test_no_oscillation_under_stationary_demand(
         now += 61.0
     assert len(directions) <= 1, "the planner moved instances both ways"
     assert quiet >= total, "the planner did not settle"
-
-
-def test_learner_converges_on_a_linear_itl_model() -> None:
-    truth = ServiceModel(30_000.0, 0.010, 2e-5, 5e-8)
-    learner = ServiceModelLearner(ServiceModel(10_000.0, 0.005, 1e-4, 0.0), forget=1.0)
-    rng = np.random.default_rng(7)
-    for _ in range(400):
-        batch = float(rng.integers(1, 256))
-        context = batch * float(rng.integers(100, 4000))
-        learner.observe_itl(batch, context, truth.itl_s(batch, context) * rng.normal(1.0, 0.01))
-        learner.observe_prefill_rate(truth.prefill_tokens_per_s * rng.normal(1.0, 0.02))
-    learned = learner.model()
-    assert learned.prefill_tokens_per_s == pytest.approx(30_000.0, rel=0.05)
-    assert learned.itl_base_s == pytest.approx(0.010, rel=0.1)
-    assert learned.itl_per_seq_s == pytest.approx(2e-5, rel=0.2)
-    assert learned.itl_per_context_token_s == pytest.approx(5e-8, rel=0.2)
-    learner.observe_itl(float("nan"), 1.0, 0.01)  # ignored
-    assert learner.num_itl_observations == 400
 
 
 def test_bad_config_names_the_field() -> None:
