@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from serving.sim import LatencyModel
-from serving.sim.instance import Instance, InstanceConfig, Job, JobMode, serve
+from serving.sim.instance import Instance, InstanceConfig, Job, JobMode, Strategy, serve
 from serving.sim.worker.engine import SimEngine, SimRequest, TooLongError
 from serving.sim.worker.prompts import PromptInfo, parse_completion_prompt, word_prompt
 
@@ -66,7 +66,7 @@ MIXED = [(900, 30), (3000, 12), (200, 40), (1500, 25), (50, 8), (700, 20)]
         (InstanceConfig(max_num_seqs=4, max_num_batched_tokens=2048, jitter_ratio=0.02), MIXED),
         # A KV cache this small preempts (recompute) while the batch decodes.
         (InstanceConfig(kv_capacity_tokens=1024, jitter_ratio=0.02), [(300, 100)] * 4),
-        (InstanceConfig(strategy="continuous", max_num_seqs=3, jitter_ratio=0.02), MIXED),
+        (InstanceConfig(strategy=Strategy.CONTINUOUS, max_num_seqs=3, jitter_ratio=0.02), MIXED),
     ],
     ids=["chunked", "preempting", "continuous"],
 )
