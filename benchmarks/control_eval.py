@@ -20,8 +20,8 @@ better Dynamo-style planner's), ``"role_changes_per_h"`` (max over traces)``, ..
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
 
 ``--quick``: 4 instances, 60-s overload runs, 120 s for the shift and stability (about
-3 minutes on a shared 2-core machine); the full run: 8 instances, 240-s overload runs,
-480 s shift, 600 s stability.
+6 minutes on the shared 2-core machine at load 10-15); the full run: 8 instances, 120-s
+overload runs, 240-s shift, 300-s stability.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Size:
 
 
 QUICK = Size(instances=4, overload_s=60.0, shift_s=120.0, stability_s=120.0)
-FULL = Size(instances=8, overload_s=240.0, shift_s=480.0, stability_s=600.0)
+FULL = Size(instances=8, overload_s=120.0, shift_s=240.0, stability_s=300.0)
 
 
 def log(message: str) -> None:
