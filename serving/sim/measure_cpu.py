@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,7 +234,11 @@ async def _decode_run(
 
 
 async def _measure_grid(
-    url: str, options: MeasureOptions, vocab: int, say: Any
+    url: str,
+    options: MeasureOptions,
+    vocab: int,
+    say: Any,
+    on_round: Callable[[list[StepRow], list[dict[str, Any]], int], None],
 ) -> tuple[list[StepRow], list[dict[str, Any]]]:
     rng = random.Random(options.seed)
     samples: dict[Config, list[tuple[int, float]]] = defaultdict(list)
@@ -286,10 +290,13 @@ async def _measure_grid(
                     samples[("decode", a, a, 0, b)].append((context, step))
             say(f"round {round_ + 1}/{options.repeats}: {len(jobs)} configurations in "
                 f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+            on_round(median_rows(samples), raw, round_ + 1)
     return median_rows(samples), raw
 
 
-def _source_note(options: MeasureOptions, model_dir: Path, argv: list[str], rows: int) -> str:
+def _source_note(
+    options: MeasureOptions, model_dir: Path, argv: list[str], rows: int, rounds: int
+) -> str:
     import vllm
 
     try:
@@ -320,7 +327,7 @@ def _source_note(options: MeasureOptions, model_dir: Path, argv: list[str], rows
             f"{list(options.prefill_batches)} (<= {options.max_prefill_tokens} tokens per call); "
             f"decode batches {list(options.decode_batches)} x prompt lengths "
             f"{list(options.decode_contexts)}, {options.decode_tokens_short} then "
-            f"{options.decode_tokens} output tokens; {options.repeats} rounds, each row the "
+            f"{options.decode_tokens} output tokens; {rounds} rounds, each row the "
             "median over them",
             "prefill = a max_tokens=1 call's duration at the client (HTTP on loopback "
             "included); decode = the engine's inter-token time (vllm:inter_token_latency_"
@@ -355,18 +362,23 @@ def measure(options: MeasureOptions, out: Path, say: Any = print) -> list[StepRo
         try:
             server.wait_ready(timeout_s=300)
             say(f"vLLM ready on {server.url} in {time.perf_counter() - started:.0f} s")
-            rows, raw = asyncio.run(_measure_grid(server.url, options, vocab, say))
+            entry = "vllm.entrypoints.openai.api_server"
+            server_argv = argv[argv.index(entry) - 1 :] if entry in argv else argv
+
+            def write(rows: list[StepRow], raw: list[dict[str, Any]], rounds: int) -> None:
+                """After every round: a run cut short still leaves its medians so far."""
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(format_step_csv(rows), encoding="utf-8")
+                text = json.dumps(raw, indent=0) + "\n"
+                out.with_name(out.stem + ".samples.json").write_text(text, encoding="utf-8")
+                note = _source_note(options, model_dir, server_argv, len(rows), rounds)
+                out.with_name(out.stem + ".SOURCE.txt").write_text(note, encoding="utf-8")
+
+            grid = _measure_grid(server.url, options, vocab, say, write)
+            rows, _ = asyncio.run(grid)
         finally:
             server.stop()
-    entry = "vllm.entrypoints.openai.api_server"
-    server_argv = argv[argv.index(entry) - 1 :] if entry in argv else argv
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(format_step_csv(rows), encoding="utf-8")
-    out.with_name(out.stem + ".samples.json").write_text(
-        json.dumps(raw, indent=0) + "\n", encoding="utf-8"
-    )
     note = out.with_name(out.stem + ".SOURCE.txt")
-    note.write_text(_source_note(options, model_dir, server_argv, len(rows)), encoding="utf-8")
     say(f"wrote {out} ({len(rows)} rows), {note} and the samples beside them")
     return rows
 

@@ -2,7 +2,8 @@
 
 Shapes come from each model's Hugging Face ``config.json`` (``num_hidden_layers``,
 ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
-``vocab_size``); head dim is ``hidden_size / num_attention_heads`` (128 for all five).
+``vocab_size``); head dim is ``hidden_size / num_attention_heads`` (128 for the five Llamas,
+64 for ``tiny-llama``, the local test model of ``serving/model/tiny.py``).
 Llama-2-7B has no grouped-query attention (32 KV heads), the others have 8 KV heads.
 
 Example::
@@ -73,6 +74,8 @@ _SHAPES = (
     ModelShape("llama-3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256),
     ModelShape("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
     ModelShape("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
+    # The tiny random-weight model vLLM serves on this CPU machine (serving/model/tiny.py).
+    ModelShape("tiny-llama", 2, 256, 4, 4, 64, 688, 2048),
 )
 
 MODELS: dict[str, ModelShape] = {shape.name: shape for shape in _SHAPES}

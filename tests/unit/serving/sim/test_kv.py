@@ -152,6 +152,7 @@ def test_shapes_are_validated_and_looked_up_by_name() -> None:
         "llama-3.1-405b",
         "llama-2-7b",
         "llama-2-70b",
+        "tiny-llama",  # the local CPU test model (cpu-tiny-llama profile)
     }
     with pytest.raises(ValueError, match=r"^bad: num_layers must be >= 1, got 0$"):
         ModelShape("bad", 0, 4096, 32, 8, 128, 14336, 128256)
