@@ -3,6 +3,7 @@ the policy seam and routing through the live gateway code."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 
 import numpy as np
@@ -267,3 +268,28 @@ def test_partial_static_batches_start_when_the_trace_ends(strategy: str, colocat
     assert 0 < result.num_requests < 16
     assert result.num_finished == result.num_requests
     assert result.end_s < 30.0
+
+
+def test_a_run_pauses_cyclic_gc_and_restores_it() -> None:
+    seen: list[bool] = []
+
+    class Watch:
+        interval_s = 1.0
+
+        def admit(self, info: RequestInfo) -> Decision:
+            seen.append(gc.isenabled())
+            return ADMIT
+
+        def plan(self, snapshot: ClusterSnapshot) -> Mapping[str, PoolRole]:
+            return {}
+
+    assert gc.isenabled()
+    simulate("prefill=1,decode=1", policy=Watch(), duration_s=1.0)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate("prefill=1,decode=1", duration_s=0.5)
+        assert not gc.isenabled()  # a caller's choice is left as it was
+    finally:
+        gc.enable()
