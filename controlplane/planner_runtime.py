@@ -258,7 +258,8 @@ class PlannerRuntime:
         }
         changes = await session.execute(
             sa.select(RoleMove.member_id, sa.func.max(RoleMove.updated_at))
-            .where(RoleMove.state == MoveState.DONE)
+            # A failed move counts too: a worker that refuses is not retried every tick.
+            .where(RoleMove.state.in_((MoveState.DONE, MoveState.FAILED)))
             .group_by(RoleMove.member_id)
         )
         last_change = {member_id: at for member_id, at in changes}

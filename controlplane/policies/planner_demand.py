@@ -8,9 +8,10 @@ fleet without our gateway), engine records that decoded at least two tokens stan
 PD request has one engine record per instance; the prefill one carries a single token).
 
 :meth:`DemandWindow.demand` turns the last ``window_s`` seconds of records (by the time
-they were received) into requests/s, prompt and output tokens/s, and the squared
-coefficients of variation of inter-arrival times and prompt lengths, which the planner's
-queueing model needs.
+they were received; the rates divide by the window, or before it is full by the time since
+the first batch or the span of the records' arrivals, whichever is longer) into requests/s,
+prompt and output tokens/s, and the squared coefficients of variation of inter-arrival
+times and prompt lengths, which the planner's queueing model needs.
 
 Example::
 
@@ -100,7 +101,11 @@ class DemandWindow:
         arrivals = np.sort(np.concatenate([c.arrival_s for c in chosen]))
         prompts = np.concatenate([c.prompt_tokens for c in chosen])
         outputs = np.concatenate([c.output_tokens for c in chosen])
-        span = max(min(self.window_s, now_s - first), 1.0)
+        # The time the records cover: the window once it is full; before that, since the
+        # first batch came, or the span of their arrivals (a backfill after a restart)
+        # when that is longer.
+        arrival_span = float(arrivals[-1] - arrivals[0]) if arrivals.size else 0.0
+        span = max(min(self.window_s, max(now_s - first, arrival_span)), 1.0)
         n = arrivals.size
         return Demand(
             requests_per_s=n / span,

@@ -37,13 +37,15 @@ AUTOMATION = "/api/v1/automation"
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    # The loop never fires by itself here (the tests tick through the API); no dwell, and
-    # the effect is observed at once after a move.
+    # The loop never fires by itself here (the tests tick through the API); no dwell, the
+    # effect is observed at once after a move, and a busy worker switches 2 s after its
+    # drain was acknowledged.
     return Settings(
         database_url=database_url,
         planner_interval_s=3600.0,
         planner_min_dwell_s=0.0,
         planner_observe_after_s=0.05,
+        planner_drain_timeout_s=2.0,
     )
 
 
@@ -53,13 +55,18 @@ class Worker:
 
     role: str
     draining: bool = False
+    running: int = 0  # requests in flight: a draining worker stays "draining" while > 0
+    refuse: frozenset[CommandKind] = frozenset()
     applied: list[tuple[CommandKind, dict[str, Any]]] = field(default_factory=list)
 
     def report(self) -> AgentReport:
-        state = "drained" if self.draining else "ready"
-        return AgentReport(self.role, state, {"num_requests_running": 0, "num_requests_waiting": 0})
+        state = ("draining" if self.running else "drained") if self.draining else "ready"
+        load = {"num_requests_running": self.running, "num_requests_waiting": 0}
+        return AgentReport(self.role, state, load)
 
     def apply(self, kind: CommandKind, payload: Mapping[str, Any]) -> str:
+        if kind in self.refuse:
+            raise RuntimeError(f"{kind.value} refused by this worker")
         self.applied.append((kind, dict(payload)))
         if kind is CommandKind.DRAIN:
             self.draining = True
@@ -119,18 +126,19 @@ async def fleet(app: FastAPI, make_key: MakeKey) -> AsyncIterator[Fleet]:
         await serving
 
 
-def prefill_heavy(n: int = 40) -> RecordBatch:
-    """``n`` requests of 300-token prompts arriving 25 ms apart, 3 output tokens each: about
-    12k prompt tokens/s, more than one prefill instance serves (the prior: 10k tokens/s)."""
-    start = time.time_ns() - 5_000_000_000
+def prefill_heavy(n: int = 600) -> RecordBatch:
+    """``n`` requests of 1500-token prompts arriving 100 ms apart over the last minute, 3
+    output tokens each: 15k prompt tokens/s, more than one prefill instance serves (the
+    learner's prior: 10k tokens/s) and fewer than two."""
+    start = time.time_ns() - 65_000_000_000
     return RecordBatch.from_records(
         [
             RequestRecord(
                 request_id=f"r{k}",
                 vantage=Vantage.GATEWAY,
-                arrival_time_ns=start + k * 25_000_000,
+                arrival_time_ns=start + k * 100_000_000,
                 labels=Labels(model="llama"),
-                prompt_tokens=300,
+                prompt_tokens=1500,
                 emission_offsets_us=np.array([300_000, 320_000, 340_000]),
             )
             for k in range(n)
@@ -297,3 +305,45 @@ async def test_pinned_members_are_never_moved(
         assert (await tick(client, operator_headers))["moves_started"] == []
     moves = await client.get(f"{AUTOMATION}/moves", headers=operator_headers)
     assert [m["member_id"] for m in moves.json()["data"]] == ["d2"]
+
+
+async def test_a_refused_drain_fails_the_move(
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    operator_headers: dict[str, str],
+    fleet: Fleet,
+    demand: None,
+) -> None:
+    fleet.workers["d0"].refuse = frozenset({CommandKind.DRAIN})
+    (move_id,) = (await tick(client, operator_headers))["moves_started"]
+    await fleet.step()  # the agent acks the drain with ok=false
+    after = await tick(client, operator_headers)
+    move = await move_of(client, operator_headers, move_id)
+    assert (move["state"], move["detail"]) == ("failed", "drain failed")
+    assert [c.kind for c in await commands_of(app, move_id)] == ["drain"]  # nothing more
+    assert fleet.workers["d0"].role == "decode" and not fleet.workers["d0"].draining
+    # A failed move counts as a role change for the dwell time (0 s here), so the same
+    # tick may try again; with the default 60 s a refusing worker is retried once a minute.
+    (retry,) = after["moves_started"]
+    assert (await move_of(client, operator_headers, retry))["member_id"] == "d0"
+
+
+async def test_a_busy_worker_switches_after_the_drain_timeout(
+    client: httpx.AsyncClient, operator_headers: dict[str, str], fleet: Fleet, demand: None
+) -> None:
+    for worker in fleet.workers.values():
+        worker.running = 3  # streams that keep running: never drained
+    (move_id,) = (await tick(client, operator_headers))["moves_started"]
+    await fleet.step()
+    await fleet.step()
+    await tick(client, operator_headers)  # acknowledged just now: still draining
+    assert (await move_of(client, operator_headers, move_id))["state"] == "draining"
+    await asyncio.sleep(2.2)
+    await tick(client, operator_headers)
+    move = await move_of(client, operator_headers, move_id)
+    assert (move["state"], move["detail"]) == ("switching", "drain timed out; switching")
+    await fleet.step()
+    await tick(client, operator_headers)
+    assert (await move_of(client, operator_headers, move_id))["state"] == "done"
+    moved = fleet.workers[move["member_id"]]
+    assert moved.role == "prefill" and moved.running == 3  # its streams carried on

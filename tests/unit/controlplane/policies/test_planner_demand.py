@@ -76,3 +76,11 @@ def test_empty_and_bad_window() -> None:
     assert DemandWindow(10.0).demand(0.0).requests_per_s == 0.0
     with pytest.raises(ValueError, match="window_s must be > 0, got 0"):
         DemandWindow(0)
+
+
+def test_a_backfill_is_spread_over_the_arrivals() -> None:
+    """Records of the last minute received at once (a control plane that just started):
+    the rate divides by the minute they cover, not by the second since they came."""
+    window = DemandWindow(60.0)
+    window.observe(batch(600, gap_ms=100), now_s=1000.0)
+    assert window.demand(1000.5).requests_per_s == pytest.approx(600 / 59.9)
