@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from exporters.commands import Role
 from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
@@ -141,6 +142,7 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     stops: list[Callable[[], object]] = []
+    extra_info = None
     if spec.control_plane and spec.ingest_key:  # engine records, as the vLLM plugin ships
         from exporters.transport import ControlPlaneExporter
         from serving.sim.worker.records import EngineRecords
@@ -150,6 +152,10 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
         )
         EngineRecords(engine, exporter, model=settings.served_model_name).attach()
         stops.append(lambda: exporter.shutdown(timeout_s=5.0))
+
+        def extra_info() -> dict[str, Any]:
+            return {"engine_records": asdict(exporter.stats())}
+
     runner = None
     if agent is not None:
         agent = replace(agent, model=settings.served_model_name)
@@ -162,6 +168,7 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
         control,
         on_start=runner.start if runner is not None else None,
         on_stop=lambda: _run_all(stops),
+        extra_info=extra_info,
     )
     logging.getLogger(__name__).info(
         "sim worker %s: %s (%s batching, max_num_seqs %d, KV %d tokens, max_model_len %d, "

@@ -256,8 +256,10 @@ def create_app(
     *,
     on_start: Callable[[], None] | None = None,
     on_stop: Callable[[], None] | None = None,
+    extra_info: Callable[[], dict[str, Any]] | None = None,
 ) -> Starlette:
-    """The sim worker's app; ``on_start``/``on_stop`` run in its lifespan (the agent)."""
+    """The sim worker's app; ``on_start``/``on_stop`` run in its lifespan (the agent);
+    ``extra_info`` adds entries to ``GET /sim`` (the record exporter's counters)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, settings.served_model_name))
     block_tokens = engine.config.prefix_block_tokens
@@ -297,6 +299,7 @@ def create_app(
             "kv_dir": None if handoff.folder is None else str(handoff.folder),
             "role": control.role.value, "state": control.state.value,
             "load": engine.load.as_report(),
+            **(extra_info() if extra_info is not None else {}),
         })  # fmt: skip
 
     async def serve(request: Request, chat: bool) -> Response:
