@@ -30,8 +30,22 @@ __all__ = ["Seed", "StepTimer"]
 F64 = npt.NDArray[np.float64]
 Seed = int | Sequence[int] | None
 _NOISE_BLOCK = 4096
-_multiply = np.multiply
 _accumulate = np.add.accumulate
+#: ``arange(n) * (k·growth)`` per ``(k, growth)``, shared by the instances of a profile:
+#: a run's context ramp is then one slice (growth is the batch size, so few values occur).
+_GROWTH_RAMPS: dict[tuple[float, int], F64] = {}
+_RAMP_LENGTH = 1024
+
+
+def _growth_ramp(per_token_s: float, growth: int, num_steps: int) -> F64:
+    key = (per_token_s, growth)
+    ramp = _GROWTH_RAMPS.get(key)
+    if ramp is None or ramp.shape[0] < num_steps:
+        length = _RAMP_LENGTH if ramp is None else ramp.shape[0]
+        while length < num_steps:
+            length *= 2
+        ramp = _GROWTH_RAMPS[key] = np.arange(length, dtype=np.float64) * (per_token_s * growth)
+    return ramp
 
 
 class StepTimer:
@@ -43,9 +57,8 @@ class StepTimer:
         "_kd",
         "_noise",
         "_noise_at",
-        "_noise_list",
         "_prefill",
-        "_ramp",
+        "_ramps",
         "_rng",
         "jitter",
     )
@@ -63,15 +76,13 @@ class StepTimer:
         self.jitter = jitter_ratio
         self._rng = np.random.default_rng(seed)
         self._noise = np.zeros(0, dtype=np.float64)
-        self._noise_list: list[float] = []
         self._noise_at = 0
-        self._ramp = np.arange(1024, dtype=np.float64)
+        self._ramps: dict[int, F64] = {}  # this instance's view of _GROWTH_RAMPS
 
     def _refill(self, n: int) -> None:
         if self._noise_at + n > self._noise.shape[0]:
             size = max(_NOISE_BLOCK, n)
             self._noise = 1.0 + self.jitter * self._rng.uniform(-1.0, 1.0, size)
-            self._noise_list = self._noise.tolist()
             self._noise_at = 0
 
     def iteration_s(
@@ -88,7 +99,7 @@ class StepTimer:
             seconds = self._decode.at(float(num_decodes), float(decode_context))
         if self.jitter:
             self._refill(1)
-            seconds *= self._noise_list[self._noise_at]
+            seconds *= self._noise.item(self._noise_at)
             self._noise_at += 1
         return seconds
 
@@ -99,18 +110,18 @@ class StepTimer:
         ``start_s`` with ``context`` KV tokens, growing by ``growth`` per iteration.
 
         Called once per run (millions of times an hour of a large fleet) on short arrays,
-        so it spends as few numpy calls as it can: ``add.accumulate`` into a new array
-        rather than ``cumsum(out=...)`` in place (same sums, half the call overhead)."""
-        ramp = self._ramp
-        if num_steps > ramp.shape[0]:
-            ramp = self._ramp = np.arange(max(num_steps, 2 * ramp.shape[0]), dtype=np.float64)
+        so it spends as few numpy calls as it can: the context ramp comes precomputed
+        per batch size, and ``add.accumulate`` sums into a new array rather than
+        ``cumsum(out=...)`` in place (same numbers, half the call overhead)."""
         base, per_seq, knee, above = self._decode_coefficients  # StepCurve.at, inlined
         kd = self._kd
         first = base + per_seq * batch + kd * context
         if batch > knee:
             first += above * (batch - knee)
-        steps = _multiply(ramp[:num_steps], kd * growth)
-        steps += first
+        ramp = self._ramps.get(growth)
+        if ramp is None or ramp.shape[0] < num_steps:
+            ramp = self._ramps[growth] = _growth_ramp(kd, growth, num_steps)
+        steps = ramp[:num_steps] + first
         if self.jitter:
             at = self._noise_at
             end = at + num_steps
