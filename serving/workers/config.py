@@ -179,6 +179,7 @@ def build_launch(
     python: str | None = None,
     base_env: Mapping[str, str] | None = None,
     parent_pid: int | None = None,
+    rpc_dir: Path | None = None,
 ) -> LaunchPlan:
     """The command line and environment that start ``spec``'s server.
 
@@ -186,7 +187,8 @@ def build_launch(
     ``vllm_dist_*`` files) and ``cache`` (``VLLM_CACHE_ROOT``: compile caches), so that
     instances never share them and nothing lands in ``/tmp`` or ``~/.cache``. ``python`` is
     the interpreter (default: this one); ``base_env`` the inherited environment (default:
-    ``os.environ``). With ``parent_pid`` the command is run through
+    ``os.environ``). ``rpc_dir`` is where vLLM puts its IPC sockets (default
+    ``run_dir/tmp``). With ``parent_pid`` the command is run through
     :mod:`serving.workers._exec_child`, which makes the server die with that process and
     execs vLLM (same pid). ``spec.nice`` is not in the plan: the launcher applies it once
     the server is ready. Pure: creates nothing.
@@ -194,6 +196,9 @@ def build_launch(
     env = dict(os.environ if base_env is None else base_env)
     env.update(_OFFLINE_ENV)
     env["TMPDIR"] = str(run_dir / "tmp")
+    # vLLM's ZMQ IPC sockets (default: TMPDIR); the launcher passes a shorter folder when
+    # run_dir is too deep for a Unix socket path.
+    env["VLLM_RPC_BASE_PATH"] = str(rpc_dir or run_dir / "tmp")
     env["VLLM_CACHE_ROOT"] = str(run_dir / "cache")
     if spec.device is Device.CPU:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 LOG_NAME = "vllm.log"
 _LOG_TAIL_BYTES = 4000
+# A Unix socket path holds 107 bytes; vLLM names its sockets DIR/<36-character uuid>.
+_MAX_RPC_DIR_BYTES = 107 - 1 - 36
 
 
 class ServerError(RuntimeError):
@@ -65,6 +69,7 @@ class VllmServer:
         # costs ~25 ms of CPU, mostly building a TLS context, on cores the engine needs.
         self._http = httpx.Client()
         self._settled = False  # spec.nice applied to the running process
+        self._short_rpc_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -80,7 +85,24 @@ class VllmServer:
 
     def plan(self) -> LaunchPlan:
         parent = os.getpid() if self.die_with_parent else None
-        return build_launch(self.spec, run_dir=self.run_dir, parent_pid=parent)
+        return build_launch(
+            self.spec, run_dir=self.run_dir, parent_pid=parent, rpc_dir=self._rpc_dir()
+        )
+
+    def _rpc_dir(self) -> Path:
+        """Where vLLM puts its ZMQ IPC sockets: ``run_dir/tmp`` when its path leaves room for
+        a socket name (a Unix socket path has at most 107 bytes), else a short folder of its
+        own under ``/tmp``, made once and removed by :meth:`stop` (a deep ``--run-dir``
+        otherwise kills vLLM at start-up: "ipc path ... is longer than 107 characters")."""
+        tmp = (self.run_dir / "tmp").resolve()
+        if len(str(tmp).encode()) <= _MAX_RPC_DIR_BYTES:
+            return tmp
+        if self._short_rpc_dir is None:
+            base = "/tmp" if os.path.isdir("/tmp") else None
+            self._short_rpc_dir = Path(
+                tempfile.mkdtemp(prefix=f"goodput-rpc-{self.spec.port}-", dir=base)
+            )
+        return self._short_rpc_dir
 
     def start(self) -> None:
         """Start the process (no-op while one is running)."""
@@ -161,14 +183,18 @@ class VllmServer:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the group, wait up to ``timeout_s``, then SIGKILL what is left."""
-        if self._process is None:
-            return
-        self._signal_group(signal.SIGTERM)
-        try:
-            self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("vLLM on %s ignored SIGTERM for %g s; killing it", self.url, timeout_s)
-        self._end_group()
+        if self._process is not None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self._process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "vLLM on %s ignored SIGTERM for %g s; killing it", self.url, timeout_s
+                )
+            self._end_group()
+        if self._short_rpc_dir is not None:
+            shutil.rmtree(self._short_rpc_dir, ignore_errors=True)
+            self._short_rpc_dir = None
 
     def log_tail(self, num_bytes: int = _LOG_TAIL_BYTES) -> str:
         try:

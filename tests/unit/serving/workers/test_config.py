@@ -85,6 +85,7 @@ def test_cpu_plan_has_its_own_folders_binding_and_offline_env() -> None:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "TMPDIR": "/run/w0/tmp",
+        "VLLM_RPC_BASE_PATH": "/run/w0/tmp",
         "VLLM_CACHE_ROOT": "/run/w0/cache",
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_CPU_OMP_THREADS_BIND": "1",
