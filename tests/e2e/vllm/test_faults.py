@@ -55,9 +55,9 @@ def wait_serving(url: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def decode_streams(gateway: GatewayProcess, url: str) -> int:
+def decode_streams(client: httpx.Client, gateway: GatewayProcess, url: str) -> int:
     """The streams the gateway is relaying from the instance at ``url`` right now."""
-    for instance in httpx.get(f"{gateway.url}/health", timeout=5).json()["instances"]:
+    for instance in client.get(f"{gateway.url}/health", timeout=5).json()["instances"]:
         if instance["id"] == url:
             return int(instance["decode_streams"])
     return 0
@@ -71,6 +71,7 @@ def test_decode_killed_mid_stream_ends_cleanly_and_is_counted_failed(
             "ignore_eos": True, "stream": True}  # fmt: skip
     events: list[str] = []
     killed = False
+    health = httpx.Client()  # one client for the checks below: none is made per line
     try:
         with httpx.stream(
             "POST", f"{gateway.url}/v1/completions", json=body,
@@ -82,7 +83,7 @@ def test_decode_killed_mid_stream_ends_cleanly_and_is_counted_failed(
                     events.append(line)
                 # Kill only while the gateway is still relaying from the decode instance
                 # (a client that reads late could otherwise find the stream already done).
-                if not killed and decode_streams(gateway, pd_pair.decode.url) > 0:
+                if not killed and decode_streams(health, gateway, pd_pair.decode.url) > 0:
                     pd_pair.decode.kill_engine()
                     killed = True
         assert killed, f"the stream ended before the kill: {events[-3:]}"
@@ -100,6 +101,7 @@ def test_decode_killed_mid_stream_ends_cleanly_and_is_counted_failed(
         assert record.status == Status.ERROR
         assert 1 <= record.output_tokens < 1800
     finally:
+        health.close()
         # The worker restarts its engine (whatever happened above: later tests need it).
         pd_pair.decode.wait_ready(READY_TIMEOUT_S)
     wait_serving(gateway.url, 60)
@@ -112,7 +114,12 @@ def test_serving_goes_on_without_the_control_plane_and_records_arrive_later(
     wait_serving(gateway.url, READY_TIMEOUT_S)  # the pools are known and healthy
     control_plane.stop()
     try:
-        time.sleep(2)  # several failed fleet reads: the pools must be kept
+        # Until the gateway has failed to read the fleet: the pools it keeps are what it
+        # serves the requests below with.
+        deadline = time.monotonic() + 30
+        while fleet_refresh_failures(gateway) < 1:
+            assert time.monotonic() < deadline, "the gateway never noticed the outage"
+            time.sleep(0.2)
         for i, request_id in enumerate(ids):
             assert stream(gateway.url, token_prompt(150, seed=4100 + i), 4, request_id)[-1] == (
                 "[DONE]"
@@ -128,10 +135,13 @@ def test_serving_goes_on_without_the_control_plane_and_records_arrive_later(
         vantage=Vantage.GATEWAY,
     )
     assert all(r.status == Status.OK for r in found if r.request_id in ids)
+    assert fleet_refresh_failures(gateway) >= 1
+
+
+def fleet_refresh_failures(gateway: GatewayProcess) -> float:
     text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
-    assert "goodput_gateway_fleet_refresh_failures_total" in text
-    failures = [
+    (line,) = [
         line for line in text.splitlines()
         if line.startswith("goodput_gateway_fleet_refresh_failures_total ")
     ]  # fmt: skip
-    assert float(failures[0].split()[1]) >= 1
+    return float(line.split()[1])

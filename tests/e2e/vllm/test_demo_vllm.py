@@ -1,0 +1,85 @@
+"""``goodput demo --engine vllm`` (what ``make demo`` runs), as a user runs it: the control
+plane, a vLLM prefill and decode worker and the PD gateway start, live goodput lines show
+finished requests, and at the end of ``--duration`` every process it started is gone.
+
+The demo starts two vLLM instances of its own, and this machine holds two at a time: the
+test runs last in the session (``conftest.pytest_collection_modifyitems``) and stops the
+session's PD pair first, if one was started.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_demo import descendants
+
+from .conftest import stop_pd_pairs
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DURATION_S = 40
+DEADLINE_S = 420  # start-up of two engines on a busy 2-core machine, the replay, the stop
+ROW = re.compile(r"^\s+(\d+) s\s+[\d.]+\s+[\d.]+\s+[\d.]+%.*\s(\d+)\s+(\d+)$")
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (``/proc/PID/stat`` field 22), or ``None`` once it is gone
+    or a zombie: with the pid, it names one process even if the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def test_the_vllm_demo_reports_goodput_and_leaves_no_process(tmp_path: Path) -> None:
+    stop_pd_pairs()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "goodput", "demo", "--engine", "vllm",
+         "--duration", str(DURATION_S), "--dir", str(tmp_path / "demo"), "--port", "0",
+         "--interval", "5"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    family: dict[int, str] = {}
+    lines: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        lines.extend(line.rstrip("\n") for line in process.stdout)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while process.poll() is None:
+            for pid in descendants(process.pid) - family.keys():
+                if (started := start_time(pid)) is not None:
+                    family[pid] = started
+            assert time.monotonic() < deadline, "\n".join(lines)
+            time.sleep(0.5)
+        reader.join(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = "\n".join(lines)
+    assert process.returncode == 0, output
+    assert "the full stack (control plane, vLLM prefill + decode, PD gateway)" in output
+    rows = [m for line in lines if (m := ROW.match(line))]
+    assert rows, output
+    finished, failed = int(rows[-1][2]), int(rows[-1][3])
+    assert finished > 0 and failed == 0, output
+    assert "goodput demo: stopped every process it started" in output
+    # The control plane, two workers, their two vLLM servers with their engines, the gateway.
+    assert len(family) >= 6, family
+    left = [pid for pid, started in family.items() if start_time(pid) == started]
+    assert not left, f"still running: {left}\n{output}"
