@@ -11,10 +11,12 @@ understands both ways the gateway and vLLM do it:
   engine instead of computing it;
 * **a shared KV folder** (``--kv-dir``; vLLM's ExampleConnector protocol, what the gateway
   relies on today: it sends the decode leg the same body, without parameters): a request
-  with ``max_tokens`` 1 (the gateway's prefill leg) publishes a marker file named by its
-  prompt's key once its prefill is done, before it answers; a later request for the same
-  prompt that finds the marker takes it (one ``unlink``: one decode leg per prefill) and
-  loads the KV instead of computing it. Markers not taken within ``max_age_s`` are removed.
+  for a prompt whose marker is in the folder takes it (one ``unlink``: one decode leg per
+  prefill) and loads the KV instead of computing it; a request that computes its prompt
+  with ``max_tokens`` 1 (the gateway's prefill leg) publishes a marker named by the
+  prompt's key once its prefill is done, before it answers. (So a client request of one
+  token still decodes from the transferred KV: its decode leg also has ``max_tokens`` 1.)
+  Markers not taken within ``max_age_s`` are removed.
 
 Either way the decode worker charges the modelled transfer time and counts the prompt's
 tokens as externally transferred (:class:`~serving.sim.worker.engine.SimEngine`).
@@ -99,9 +101,10 @@ class KVHandoff:
             return LegPlan(remote=False, publish=True, queried=False, params_requested=True)
         if self.folder is None:
             return LegPlan(remote=False, publish=False, queried=False, params_requested=False)
-        if max_tokens == 1:  # the gateway's prefill leg: compute and publish
-            return LegPlan(remote=False, publish=True, queried=True, params_requested=False)
-        return LegPlan(remote=self._take(prompt), publish=False, queried=True,
+        # As ExampleConnector: look for the prompt's KV first; a request that computes it
+        # with max_tokens 1 (the gateway's prefill leg) publishes it.
+        remote = self._take(prompt)
+        return LegPlan(remote=remote, publish=not remote and max_tokens == 1, queried=True,
                        params_requested=False)  # fmt: skip
 
     def response_params(self, prompt: PromptInfo) -> dict[str, Any]:

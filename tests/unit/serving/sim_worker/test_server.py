@@ -244,6 +244,12 @@ def test_the_shared_folder_hands_over_one_prefill_to_one_decode(
     text = decode.metrics()
     assert metric_sum(text, "vllm:external_prefix_cache_queries_total") == 1400
     assert metric_sum(text, "vllm:external_prefix_cache_hits_total") == 700
+    # A one-token client request: its decode leg (max_tokens 1 too) loads the KV as well.
+    one = {"prompt": word_prompt(300, 5), "max_tokens": 1}
+    prefill.client.post("/v1/completions", json=one)
+    decoded = decode.client.post("/v1/completions", json=one).json()
+    assert decoded["usage"]["prompt_tokens_details"]["cached_tokens"] == 300
+    assert not list(tmp_path.glob("*.simkv"))
 
 
 def test_inter_token_gaps_follow_the_modelled_decode_step(start_worker: Any) -> None:
