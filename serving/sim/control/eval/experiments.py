@@ -209,6 +209,7 @@ class ShiftSetup:
     long: Capacity
     factor: float
     shift_s: float
+    load: float
     static_runs: list[RunOutcome] = field(default_factory=list)
 
 
@@ -220,17 +221,19 @@ def workload_shift(
     load: float = 0.8,
     splits: Sequence[tuple[int, int]] | None = None,
     short: Capacity | None = None,
+    long: Capacity | None = None,
     bucket_s: float = 10.0,
 ) -> tuple[ShiftSetup, list[ShiftOutcome]]:
     """Short prompts, then ``factor``-times longer ones from half-way (see the module
     docstring). The rate is ``load`` × the knee of the long-prompt workload (so the best
     static split can serve the second phase); every contender starts from the split that
-    serves the short prompts best."""
+    serves the short prompts best. ``short`` / ``long``: the two knees when already known
+    (another load of the same scenario)."""
     splits = list(splits or static_splits(scenario.num_instances))
     shift_at = scenario.duration_s / 2.0
     max_context = scenario.max_context_tokens()
     short = short or capacity(scenario, splits)
-    long_cap = capacity(
+    long_cap = long or capacity(
         scenario,
         splits,
         start=max(short.rate / factor, 1e-3),
@@ -241,7 +244,7 @@ def workload_shift(
     def transform(w: Workload) -> Workload:
         return shift_inputs(w, shift_at, factor, max_context_tokens=max_context)
 
-    setup = ShiftSetup(rate, short.split, short, long_cap, factor, shift_at)
+    setup = ShiftSetup(rate, short.split, short, long_cap, factor, shift_at, load)
     setup.static_runs = best_static(scenario, rate, splits, transform=transform)
     phases = ((0.0, shift_at), (shift_at, scenario.duration_s))
     best_rps: list[float] = []

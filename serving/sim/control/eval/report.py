@@ -60,6 +60,15 @@ def overload_table(
                 )
             lines.append(f"| {label} | {name} | " + " | ".join(row) + " |")
             label = ""
+        offered = []
+        for lvl in levels:
+            cell = next((c for c in cells if c.trace == trace and c.level == lvl), None)
+            if cell is None or not peaks[trace]:
+                offered.append("–")
+            else:
+                rps = cell.outcome.total.offered / cell.outcome.duration_s
+                offered.append(f"{rps / peaks[trace]:.2f} ({rps:.1f} req/s)")
+        lines.append("|  | *offered ÷ peak (all good)* | " + " | ".join(offered) + " |")
     return "\n".join(lines)
 
 
@@ -68,7 +77,7 @@ def shift_table(setup: ShiftSetup, outcomes: Sequence[ShiftOutcome]) -> str:
     first = outcomes[0] if outcomes else None
     head = (
         f"Shift at {setup.shift_s:g} s: prompts ×{setup.factor:g}; rate {setup.rate:.3f}× "
-        f"(0.8 × the long-prompt knee {setup.long.rate:.3f}×); start split "
+        f"({setup.load:g} × the long-prompt knee {setup.long.rate:.3f}×); start split "
         f"{_split(setup.split)}"
     )
     if first is not None:
