@@ -27,7 +27,9 @@ HOST = "127.0.0.1"
 MODEL = "llama-3.1-8b"
 PROFILE = "h100-llama3.1-8b"
 # The planner acts fast here: a tick a second, each worker moves at most once in the test.
+# Admission is off: the gateway refuses nothing, so every request must come back 200.
 PLANNER_ENV = {
+    "GOODPUT_ADMISSION_ENABLED": "false",
     "GOODPUT_PLANNER_INTERVAL_S": "1",
     "GOODPUT_PLANNER_MIN_DWELL_S": "600",
     "GOODPUT_PLANNER_OBSERVE_AFTER_S": "3",
