@@ -118,7 +118,7 @@ def control_stack(
     run_cli(env, "db", "upgrade")
     keys = {
         role: run_cli(env, "admin", "create-key", "--role", role, "--name", f"e2e-{role}").strip()
-        for role in ("ingest", "agent", "viewer", "operator")
+        for role in ("ingest", "agent", "viewer", "operator", "admin")
     }
     python = [sys.executable, "-m", "goodput"]
     children: list[ChildProcess] = []
