@@ -7,11 +7,12 @@ contender at 1.5×, 2× and 3× the knee from that split, and the best static sp
 level (a sweep). Then a workload shift on Azure conversation (prompts ×4 from half-way),
 and stability (role changes per hour at 0.8× the knee). Contenders: no control, the
 Dynamo-style busy-threshold shedder, the Dynamo-style SLA planner (180 s and 10 s), our
-planner alone, our admission control alone, and both together ("ours") — the control
-loops when their adapters exist (``serving.sim.control.planner`` / ``.admission``).
+planner alone, our admission control alone, and both together ("ours"; also with the
+admission adapter's default 1-s sync) — the control loops when their adapters exist
+(``serving.sim.control.planner`` / ``.admission``).
 
-Last line, for ours (``null`` when its adapters are missing; ``baselines`` holds the same
-figures for the best baseline of each): ``{"overload_goodput_ratio"`` (min over traces and
+Last line, for ours (``null`` when its adapters are missing; ``others`` holds the same
+figures for every other contender): ``{"overload_goodput_ratio"`` (min over traces and
 levels of goodput ÷ peak goodput; goal ≥ 0.9), ``"shift_goodput_ratio"`` (min over the two
 phases of goodput ÷ the best static split's in that phase; goal ≥ 0.9), ``"recovery_s"``
 (goal ≤ 60), ``"vs_dynamo_ratio"`` (geometric mean over the overload cells of goodput ÷ the
@@ -208,7 +209,7 @@ def main() -> None:
         headline.update(summarise(OURS, cells, shifts, stable))
     headline["ours_available"] = OURS in names
     headline["missing"] = missing
-    headline["baselines"] = {
+    headline["others"] = {
         name: summarise(name, cells, shifts, stable) for name in sorted(names - {OURS})
     }
     headline["peak_goodput_rps"] = {t: round(p, 3) for t, p in peaks.items()}
