@@ -178,6 +178,7 @@ class Outcome:
     priority: str
     status: int  # HTTP status; 0: the connection failed
     sent_s: float  # since the run's start
+    end_s: float  # when its answer ended, since the run's start
     ttft_s: float | None  # first content chunk, for 200s
     chunks: int  # content chunks received (a late worker may write several tokens at once)
     complete: bool  # a 200 whose stream ended with a finish reason and [DONE]
@@ -217,8 +218,9 @@ async def _one(
                     error = json.loads(text)
                 except ValueError:
                     error = text
-                return Outcome(index, priority, response.status_code, sent - t0, None, 0,
-                               False, dict(response.headers), error)  # fmt: skip
+                return Outcome(index, priority, response.status_code, sent - t0,
+                               time.monotonic() - t0, None, 0, False, dict(response.headers),
+                               error)  # fmt: skip
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -233,10 +235,11 @@ async def _one(
                         ttft = time.monotonic() - sent
                 if choice.get("finish_reason"):
                     finished = True
-            return Outcome(index, priority, 200, sent - t0, ttft, tokens, done and finished,
-                           {}, None)  # fmt: skip
+            return Outcome(index, priority, 200, sent - t0, time.monotonic() - t0, ttft, tokens,
+                           done and finished, {}, None)  # fmt: skip
     except httpx.HTTPError as error:
-        return Outcome(index, priority, 0, sent - t0, ttft, tokens, False, {}, repr(error))
+        end = time.monotonic() - t0
+        return Outcome(index, priority, 0, sent - t0, end, ttft, tokens, False, {}, repr(error))
 
 
 def open_loop(

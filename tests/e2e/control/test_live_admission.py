@@ -18,10 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from serving.sim.latency_model import LatencyModel
+from serving.workers.load import metric_sum
 
 from .conftest import PROFILE, ControlStack, GatewaySpec, Outcome, control_stack, open_loop
 
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.e2e
 TTFT_S, TARGET = 1.0, 0.9  # the SLO: TTFT ≤ 1 s for 90 % of requests
 PROMPT_MIN, PROMPT_MAX, OUTPUT = 6000, 10000, 8  # prompt-heavy: prefill is the bottleneck
 OVERLOAD = 2.0  # offered load ÷ the prefill worker's capacity
-NOCONTROL_S, CONTROL_S = 8.0, 16.0  # seconds of arrivals in each run
+NOCONTROL_S, CONTROL_S = 6.0, 14.0  # seconds of arrivals in each run
 SETTINGS = {
     "GOODPUT_ADMISSION_INTERVAL_S": "0.5",
     "GOODPUT_ADMISSION_POLICY_TTL_S": "30",
@@ -134,6 +136,16 @@ def test_overload_sheds_sheddable_traffic_and_admitted_requests_keep_the_slo(
             assert error["predicted"] > error["allowed"] > 0, error
             assert error["message"].startswith("slo 'live-control': predicted ")
             assert f"priority '{o.priority}'" in error["message"], error
+
+        # The gateway counts the same refusals in its metrics, and ran on the pushed policy.
+        gateway = stack.gateways["gw-control"]
+        metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
+        for priority, count in shed_by.items():
+            name = "goodput_gateway_admission_rejections_total"
+            assert metric_sum(metrics, name, priority=priority) == count, (priority, count)
+        assert metric_sum(metrics, "goodput_gateway_admission_mode", mode="policy") == 1.0
+        health = httpx.get(f"{stack.gateways['gw-nocontrol']}/health", timeout=10).json()
+        assert health["admission"]["mode"] == "allow_all", health  # never had a policy
 
         n_ok = by_status["control"].get(200, 0)
         stats = _settled(stack, "live-control", n_ok, len(shed))

@@ -28,14 +28,14 @@ import pytest
 from serving.sim.latency_model import LatencyModel
 from serving.workers.load import metric_sum
 
-from .conftest import PROFILE, ControlStack, GatewaySpec, control_stack, open_loop
+from .conftest import PROFILE, GatewaySpec, control_stack, open_loop
 
 pytestmark = pytest.mark.e2e
 
 TTFT_S, ITL_S, TARGET = 0.5, 0.05, 0.9
 PROMPT_MIN, PROMPT_MAX, OUTPUT = 6000, 10000, 4
 LOAD = 0.9  # offered load ÷ one prefill worker's capacity at the mean prompt
-DURATION_S = 40.0  # seconds of arrivals; the move happens inside them
+DURATION_S = 32.0  # seconds of arrivals; the move happens inside them
 PAUSED_S = 12.0  # the planner is paused for the first seconds of them
 SETTINGS = {
     "GOODPUT_ADMISSION_ENABLED": "false",
@@ -136,6 +136,8 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
 
         # The move helps: requests sent after it see shorter TTFTs than those sent before it.
         done_at = next(t for t, e in timeline if e.endswith(" done"))
+        drain_at = next((t for t, e in timeline if e.endswith(" draining")), done_at)
+        during = sum(o.sent_s <= done_at and o.end_s >= drain_at for o in outcomes)
         ttft_before = np.median([o.ttft_s for o in outcomes if o.sent_s < PAUSED_S])
         ttft_after = np.median([o.ttft_s for o in outcomes if o.sent_s > done_at + 2.0])
         assert ttft_after < ttft_before, (ttft_before, ttft_after)
@@ -168,8 +170,9 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
 
         # The observed effect is recorded beside the prediction a few seconds later.
         done = stack.eventually(
-            lambda: (m := stack.get(f"/api/v1/automation/moves/{move['id']}"))["observed_effect"]
-            and m,
+            lambda: (
+                (m := stack.get(f"/api/v1/automation/moves/{move['id']}"))["observed_effect"] and m
+            ),
             "the observed effect",
             timeout_s=20,
         )
@@ -184,7 +187,8 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
         assert actions.count("command.issue") == actions.count("command.ack") == 3, audit
         print(
             f"{len(outcomes)} requests at {LOAD * _prefill_rate_rps():.2f} req/s (prompts "
-            f"{PROMPT_MIN}-{PROMPT_MAX}, {OUTPUT} output tokens), 0 failed; timeline "
+            f"{PROMPT_MIN}-{PROMPT_MAX}, {OUTPUT} output tokens), 0 failed, {during} in flight "
+            f"during the move; timeline "
             f"{[(round(t, 1), e) for t, e in timeline]}; commands "
             f"{[(r['kind'], r['state'], r['attempts']) for r in rows]}; client TTFT median "
             f"{ttft_before:.2f} s before the move, {ttft_after:.2f} s after; predicted "
