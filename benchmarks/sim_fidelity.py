@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporters.latency import itl_gaps_s, request_latencies  # noqa: E402
-from exporters.records import RecordBatch, RequestRecord, Status, Vantage  # noqa: E402
+from exporters.records import Phase, RecordBatch, RequestRecord, Status, Vantage  # noqa: E402
 from serving.sim.cluster import SimOptions, Simulator  # noqa: E402
 from serving.sim.cluster.spec import ClusterSpec  # noqa: E402
 from serving.sim.cluster.workload import Workload  # noqa: E402
@@ -135,8 +135,47 @@ def _record_of(data: dict[str, Any]) -> RequestRecord:
     )
 
 
+# vLLM's own histograms (engine-core timestamps; TTFT from the API server's arrival): their
+# means split the real latencies into queue, prefill and per-token parts, apart from what
+# the gateway and the client add.
+ENGINE_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2el": "vllm:e2e_request_latency_seconds",
+}
+
+
+def engine_totals(metrics_text: str) -> dict[str, list[float]]:
+    """``{name: [sum, count]}`` of :data:`ENGINE_HISTOGRAMS` over every label set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {v: k for k, v in ENGINE_HISTOGRAMS.items()}
+    out = {k: [0.0, 0.0] for k in ENGINE_HISTOGRAMS}
+    for family in text_string_to_metric_families(metrics_text):
+        key = names.get(family.name)
+        if key is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                out[key][0] += sample.value
+            elif sample.name.endswith("_count"):
+                out[key][1] += sample.value
+    return out
+
+
+def engine_means(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float]:
+    means = {}
+    for key in ENGINE_HISTOGRAMS:
+        total, count = after[key][0] - before[key][0], after[key][1] - before[key][1]
+        means[f"{key}_mean"] = total / count if count else float("nan")
+    return means
+
+
 def run_real(plans: list[tuple[Slice, Any]], say: Any) -> dict[str, Any]:
     """Start vLLM and the gateway, replay every slice, stop both; the saved-run document."""
+    import httpx
     from transformers import AutoTokenizer
 
     from serving.bench.prompts import PromptFactory
@@ -177,13 +216,16 @@ def run_real(plans: list[tuple[Slice, Any]], say: Any) -> dict[str, Any]:
                     return factory.build(lengths[i], key=hash((s.name, i)) & 0xFFFFFFF)
 
                 t0 = time.perf_counter()
+                before = engine_totals(httpx.get(f"{spec.url}/metrics", timeout=10).text)
                 run = asyncio.run(
                     run_plan(gateway.url, SERVED_MODEL, prompt, plan,
                              request_id_prefix=f"fid-{s.name}")
                 )  # fmt: skip
                 say(f"real {s.name}: {len(run.records)} requests in "
                     f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+                after = engine_totals(httpx.get(f"{spec.url}/metrics", timeout=10).text)
                 out["slices"][s.name] = [_record_json(r) for r in run.records]
+                out.setdefault("engine", {})[s.name] = engine_means(before, after)
         finally:
             gateway.stop()
             server.stop()
@@ -259,6 +301,17 @@ def stats(batch: RecordBatch) -> dict[str, float]:
     }
 
 
+def tpot_stats(real: RecordBatch, sim: RecordBatch) -> dict[str, float]:
+    """Per-request TPOT ((E2EL − TTFT)/(n − 1)) p50/p90, real and sim: unlike single gaps,
+    it does not care whether a client read two tokens at once."""
+    a, b = request_latencies(real).tpot_s, request_latencies(sim).tpot_s
+    out = {}
+    for q in (50, 90):
+        out[f"real_p{q}"] = float(np.nanpercentile(a, q))
+        out[f"sim_p{q}"] = float(np.nanpercentile(b, q))
+    return out
+
+
 def paired(real: RecordBatch, sim: RecordBatch) -> dict[str, float]:
     """Request by request (both batches in request order): the median and the 10th/90th
     percentiles of sim/real for TTFT and E2EL — where the pooled statistics agree by
@@ -275,6 +328,22 @@ def paired(real: RecordBatch, sim: RecordBatch) -> dict[str, float]:
         for q in (10, 50, 90):
             out[f"{name}_sim_over_real_p{q}"] = round(float(np.percentile(ratio, q)), 3)
     return out
+
+
+def sim_engine_means(sim: RecordBatch) -> dict[str, float]:
+    """The simulator's counterparts of :func:`engine_means`: queue = first prefill
+    iteration − arrival, prefill = first token − first prefill iteration."""
+    lat = request_latencies(sim)
+    gaps, _ = itl_gaps_s(sim)
+    phases = sim.phase_offsets_us / 1e6
+    start = phases[:, int(Phase.PREFILL_START)]
+    return {
+        "ttft_mean": float(np.nanmean(lat.ttft_s)),
+        "queue_mean": float(np.mean(start)),
+        "prefill_mean": float(np.nanmean(lat.ttft_s - start)),
+        "itl_mean": float(np.mean(gaps)),
+        "e2el_mean": float(np.nanmean(lat.e2el_s)),
+    }
 
 
 def errors(real: dict[str, float], sim: dict[str, float]) -> dict[str, float]:
@@ -316,7 +385,13 @@ def main() -> None:
             "sim": sim_stats,
             **errors(real_stats, sim_stats),
             "per_request": paired(real, sim),
+            "tpot": tpot_stats(real, sim),
         }
+        if s.name in saved.get("engine", {}):
+            per_slice[s.name]["engine_means"] = {
+                "real_vllm": saved["engine"][s.name],
+                "sim": sim_engine_means(sim),
+            }
         say(f"{s.name}: {json.dumps(per_slice[s.name])}")
         real_batches.append(real)
         sim_batches.append(sim)
