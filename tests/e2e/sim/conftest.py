@@ -1,14 +1,16 @@
 """The PD stack on sim workers, as real processes on loopback (no vLLM).
 
-``sim_stack`` (module scope) migrates a SQLite database, mints keys, starts the control
-plane (``goodput controlplane serve``), a prefill and a decode sim worker (``goodput worker
---engine sim``, sharing a KV folder, registered through the agent) and the PD gateway
-shipping its records to the control plane — each in its own process group, stopped
-(SIGTERM, then SIGKILL) at the end.
+``running_stack(directory)`` (and the module fixture ``sim_stack``) migrates a SQLite
+database, mints keys, starts the control plane (``goodput controlplane serve``), a prefill
+and a decode sim worker (``goodput worker --engine sim``, sharing a KV folder, registered
+through the agent, shipping engine records) and the PD gateway shipping its records to
+the control plane — each in its own process group, stopped (SIGTERM, then SIGKILL) at
+the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -75,9 +77,10 @@ def _wait(url: str, child: ChildProcess, timeout_s: float = 90.0) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
-    directory = tmp_path_factory.mktemp("sim-stack")
+@contextlib.contextmanager
+def running_stack(directory: Path) -> Iterator[SimStack]:
+    """A fresh stack (database, keys, processes) under ``directory``, stopped on exit."""
+    directory.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GOODPUT_DATABASE_URL": f"sqlite:///{directory / 'goodput.db'}"}
     run_cli(env, "db", "upgrade")
     keys = {
@@ -127,3 +130,9 @@ def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
     finally:
         for child in reversed(children):
             child.stop(timeout_s=15.0)
+
+
+@pytest.fixture(scope="module")
+def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
+    with running_stack(tmp_path_factory.mktemp("sim-stack")) as stack:
+        yield stack

@@ -11,12 +11,17 @@ prefill ended (the simulator hands the KV over at the prefill's end). A request 
 therefore only change sides of an objective when it is close to the threshold: the test
 allows every simulated request within ``BAND_S`` of the TTFT threshold to flip (plus one),
 and separately requires the per-request TTFTs to agree (median and 90th percentile of the
-differences), so a loose band cannot hide a stack that is slow across the board.
+differences), so a loose band cannot hide a stack that is slow across the board. A run in
+which other work on the machine starved the stack is noise, not a verdict: up to
+``ATTEMPTS`` fresh stacks are tried and one must agree (all figures are printed).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -32,7 +37,7 @@ from serving.sim.worker.replay import run_word_bench
 from serving.traces import load_trace
 from serving.workers.load import metric_sum
 
-from .conftest import MODEL, SIM_CONFIG, SimStack
+from .conftest import MODEL, SIM_CONFIG, SimStack, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +47,10 @@ TARGET = 0.9
 BAND_S = 0.05  # the stack's allowance around the TTFT threshold (module docstring)
 MAX_MODEL_LEN = 131_072
 MEDIAN_TTFT_DIFF_S, P90_TTFT_DIFF_S = 0.075, 0.3
+# A run during which other work starved the stack's processes measures the machine, not
+# the sim workers: up to this many fresh stacks, one of which must agree (as the vLLM
+# cross-check does, docs/gateway.md). Every attempt's figures are printed.
+ATTEMPTS = 3
 
 
 def _simulate(plan: RequestPlan) -> tuple[SimResult, np.ndarray, np.ndarray]:
@@ -65,60 +74,54 @@ def _simulate(plan: RequestPlan) -> tuple[SimResult, np.ndarray, np.ndarray]:
     return result, lat.ttft_s[order], lat.tpot_s[order]
 
 
-def test_control_plane_goodput_matches_the_simulator(sim_stack: SimStack) -> None:
-    slo = sim_stack.post(
-        "/api/v1/slos",
-        {
-            "name": "e2e-sim", "selector": {"model": MODEL}, "vantage": "gateway",
-            "objectives": [
-                {"metric": "ttft", "threshold_s": 0.5},
-                {"metric": "tpot", "threshold_s": 0.02},
-            ],
-            "target": TARGET, "window_s": 3600,
-        },
-    )  # fmt: skip
-    engine_slo = sim_stack.post(
-        "/api/v1/slos",
-        {"name": "e2e-sim-engine", "selector": {"model": MODEL}, "vantage": "engine",
-         "objectives": [{"metric": "ttft", "threshold_s": 0.5}], "target": TARGET,
-         "window_s": 3600},
-    )  # fmt: skip
-    plan = plan_requests(
-        load_trace(TRACE), rate_scale=RATE, duration_s=DURATION_S,
-        max_model_len=MAX_MODEL_LEN, start_s=START_S,
-    )  # fmt: skip
-    n = len(plan)
-    sim, sim_ttft, sim_tpot = _simulate(plan)
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one replay through a fresh stack measured."""
 
+    stats: dict[str, Any]  # the control plane's goodput for the gateway SLO
+    client_ttft_s: np.ndarray
+    client_tpot_s: np.ndarray
+    step_lag: dict[str, str]
+
+
+def _replay(stack: SimStack, n: int) -> Attempt:
+    """Replay the slice through ``stack``; wait for every record in the control plane.
+    Anything but timing (a failed request, a lost record, a dead process) fails at once."""
+    slo = stack.post("/api/v1/slos", {
+        "name": "e2e-sim", "selector": {"model": MODEL}, "vantage": "gateway",
+        "objectives": [{"metric": "ttft", "threshold_s": 0.5},
+                       {"metric": "tpot", "threshold_s": 0.02}],
+        "target": TARGET, "window_s": 3600,
+    })  # fmt: skip
+    engine_slo = stack.post("/api/v1/slos", {
+        "name": "e2e-sim-engine", "selector": {"model": MODEL}, "vantage": "engine",
+        "objectives": [{"metric": "ttft", "threshold_s": 0.5}], "target": TARGET,
+        "window_s": 3600,
+    })  # fmt: skip
     bench = run_word_bench(
         BenchOptions(
-            url=sim_stack.gateway_url, trace=TRACE, rate_scale=RATE, duration_s=DURATION_S,
+            url=stack.gateway_url, trace=TRACE, rate_scale=RATE, duration_s=DURATION_S,
             slo=SLO, model=MODEL, max_model_len=MAX_MODEL_LEN, start_s=START_S,
             progress=False, request_id_prefix="e2e",
         )
     )  # fmt: skip
-    sim_stack.check_alive()
+    stack.check_alive()
     records = bench["records"]
     assert len(records) == n and all(r.status == Status.OK for r in records), [
         (r.request_id, r.reason) for r in records if r.status != Status.OK
     ][:5]
-
     # The gateway's records reach the control plane within a few exporter flushes.
     deadline = time.monotonic() + 60
-    while True:
-        stats = sim_stack.get(f"/api/v1/slos/{slo['id']}/goodput", window="1h")
-        if stats["requests"] >= n:
-            break
+    while (stats := stack.get(f"/api/v1/slos/{slo['id']}/goodput", window="1h"))["requests"] < n:
         assert time.monotonic() < deadline, f"the control plane has {stats['requests']} of {n}"
         time.sleep(1.0)
-
     # Both workers ship engine records, as the vLLM plugin does: one per leg.
     deadline = time.monotonic() + 60
     while True:
-        engine = sim_stack.get(f"/api/v1/slos/{engine_slo['id']}/goodput", window="1h")
+        engine = stack.get(f"/api/v1/slos/{engine_slo['id']}/goodput", window="1h")
         shipped = {
             role: httpx.get(f"{url}/sim", timeout=10).json()["engine_records"]
-            for role, url in sim_stack.workers.items()
+            for role, url in stack.workers.items()
         }
         if engine["requests"] + engine["aborted"] >= 2 * n:
             break
@@ -127,24 +130,28 @@ def test_control_plane_goodput_matches_the_simulator(sim_stack: SimStack) -> Non
         )
         time.sleep(1.0)
     assert engine["requests"] == 2 * n and engine["errors"] == 0, (engine, shipped)
-
+    assert stats["requests"] == n and stats["errors"] == 0, stats
     # How late each worker's loop committed its iterations (its tokens' delay past the model).
     lag = {}
-    for role, url in sim_stack.workers.items():
+    for role, url in stack.workers.items():
         text = httpx.get(f"{url}/metrics", timeout=10).text
         count = metric_sum(text, "goodput_sim_step_lag_seconds_count")
         within = metric_sum(text, "goodput_sim_step_lag_seconds_bucket", le="0.005")
         lag[role] = f"{within / count:.1%} of {count:.0f} iterations within 5 ms"
-
-    # Per request: the client's TTFT (a little after the gateway's) against the simulator's.
     client = request_latencies(RecordBatch.from_records(records))
-    ttft_diff = client.ttft_s - sim_ttft
-    tpot_diff = client.tpot_s - sim_tpot
-    thr = parse_slo(SLO)[0].threshold_s
-    band = int(np.sum(np.abs(sim_ttft - thr) <= BAND_S))
+    return Attempt(stats, client.ttft_s, client.tpot_s, lag)
+
+
+def _compare(attempt: Attempt, sim: SimResult, sim_ttft: np.ndarray, sim_tpot: np.ndarray
+             ) -> tuple[list[str], str]:  # fmt: skip
+    """The agreement criteria this attempt misses (none: it agrees), and its figures."""
+    stats = attempt.stats
+    ttft_diff = attempt.client_ttft_s - sim_ttft
+    tpot_diff = attempt.client_tpot_s - sim_tpot
+    band = int(np.sum(np.abs(sim_ttft - parse_slo(SLO)[0].threshold_s) <= BAND_S))
     good_cp, good_sim = stats["good"], sim.stats.good
     report = (
-        f"{n} requests; control plane good {good_cp} (attainment "
+        f"control plane good {good_cp} of {stats['requests']} (attainment "
         f"{stats['attainment_ratio']:.3f}), simulator good {good_sim} (attainment "
         f"{sim.stats.attainment_ratio:.3f}); {band} simulated requests within "
         f"{BAND_S * 1e3:.0f} ms of the TTFT threshold; TTFT client - sim: median "
@@ -153,26 +160,50 @@ def test_control_plane_goodput_matches_the_simulator(sim_stack: SimStack) -> Non
         f"median {np.median(tpot_diff) * 1e3:+.3f} ms; simulator TTFT p50/p90 "
         f"{np.median(sim_ttft) * 1e3:.0f}/{np.percentile(sim_ttft, 90) * 1e3:.0f} ms, control "
         f"plane (gateway) TTFT p50/p90 {stats['ttft']['p50_s'] * 1e3:.0f}/"
-        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms; worker step lag: {lag}"
+        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms; worker step lag: {attempt.step_lag}"
     )
-    print(report)
-    assert stats["requests"] == sim.stats.requests == n, report
-    assert stats["errors"] == 0, report
-    assert abs(good_cp - good_sim) <= band + 1, report
-    # The stack is not slow across the board: per-request agreement. Measured on the shared
-    # 2-core machine: median +32 ms, p90 of |diff| 60-75 ms at load average 8-9; 43 ms and
-    # 216 ms at load average 13 (processes starved for hundreds of ms).
-    assert abs(np.median(ttft_diff)) <= MEDIAN_TTFT_DIFF_S, report
-    assert np.percentile(np.abs(ttft_diff), 90) <= P90_TTFT_DIFF_S, report
-    assert abs(np.median(tpot_diff)) <= 0.002, report
+    problems = []
+    if abs(good_cp - good_sim) > band + 1:
+        problems.append(f"good differs by {abs(good_cp - good_sim)} > {band + 1}")
+    if abs(np.median(ttft_diff)) > MEDIAN_TTFT_DIFF_S:
+        problems.append("median TTFT difference")
+    if np.percentile(np.abs(ttft_diff), 90) > P90_TTFT_DIFF_S:
+        problems.append("p90 TTFT difference")
+    if abs(np.median(tpot_diff)) > 0.002:
+        problems.append("median TPOT difference")
+    return problems, report
+
+
+def test_control_plane_goodput_matches_the_simulator(tmp_path: Path) -> None:
+    plan = plan_requests(
+        load_trace(TRACE), rate_scale=RATE, duration_s=DURATION_S,
+        max_model_len=MAX_MODEL_LEN, start_s=START_S,
+    )  # fmt: skip
+    sim, sim_ttft, sim_tpot = _simulate(plan)
     # The run is an interesting one: some requests miss the SLO, most meet it.
     attainment = sim.stats.attainment_ratio
-    assert attainment is not None and 0.5 < attainment < 0.98, report
+    assert attainment is not None and 0.5 < attainment < 0.98, sim.stats
+    reports = []
+    for k in range(ATTEMPTS):
+        with running_stack(tmp_path / f"attempt-{k}") as stack:
+            attempt = _replay(stack, len(plan))
+        problems, report = _compare(attempt, sim, sim_ttft, sim_tpot)
+        reports.append(f"attempt {k + 1}: {report}" + (f" -> {problems}" if problems else ""))
+        print(reports[-1])
+        if not problems:
+            return
+    pytest.fail("no attempt agreed with the simulator:\n" + "\n".join(reports))
 
 
 def test_workers_register_and_obey_drain_and_resume(sim_stack: SimStack) -> None:
-    members = {m["id"]: m for m in sim_stack.get("/api/v1/fleet", kind="worker")["data"]}
     ids = {role: url.removeprefix("http://") for role, url in sim_stack.workers.items()}
+    deadline = time.monotonic() + 30
+    while True:  # the agents register once their workers serve
+        members = {m["id"]: m for m in sim_stack.get("/api/v1/fleet", kind="worker")["data"]}
+        if set(ids.values()) <= set(members):
+            break
+        assert time.monotonic() < deadline, members
+        time.sleep(0.5)
     for role, member_id in ids.items():
         member = members[member_id]
         assert (member["role"], member["state"], member["model"]) == (role, "ready", MODEL)
