@@ -45,9 +45,6 @@ SERVED_MODEL = "tiny-llama"
 SIM_PROFILE = "h100-llama3.1-8b"
 SIM_SERVED_MODEL = "llama-3.1-8b"
 READY_TIMEOUT_S = 300.0  # two vLLM instances starting at once on a busy 2-core machine
-# The engines run below the gateway, the control plane and the replay client in CPU
-# priority: on two cores a busy engine would otherwise delay the very clocks the demo shows.
-ENGINE_NICE = 10
 HEADER = "  time   req/s  goodput  attainment    burn  p99 TTFT   p99 ITL  finished  failed"
 
 Say = Callable[[str], None]
@@ -186,7 +183,7 @@ def _run(
             "--role", role, "--cpu", str(core), "--kv-dir", str(kv_dir),
             "--served-model-name", SERVED_MODEL, "--control-plane", cp_url,
             "--agent-key", keys.agent, "--ingest-key", keys.ingest,
-            "--run-dir", str(directory / f"{role}-run"), "--nice", str(ENGINE_NICE),
+            "--run-dir", str(directory / f"{role}-run"),
         ]))  # fmt: skip
     gw_port = pick_port(host, 0)
     gateway_url = f"http://{host}:{gw_port}"
