@@ -164,6 +164,14 @@ def test_overload_sheds_sheddable_traffic_and_admitted_requests_keep_the_slo(
             f"{stats['ttft']['p90_s']:.2f} s; 429 predicted TTFT median "
             f"{np.median([o.body['error']['predicted'] for o in shed]):.2f} s"
         )
+        last = stack.get("/api/v1/commands", target="gw-control", state="acked",
+                         kind="set_admission_policy")["data"]  # fmt: skip
+        model = max(last, key=lambda c: c["version"])["payload"]["policy"]["model"]
+        mean_prompt = (PROMPT_MIN + PROMPT_MAX) // 2
+        report += (
+            f"; last policy's prefill rate {model['prefill_tokens_per_s']:.0f} tokens/s "
+            f"(profile {mean_prompt * _capacity_rps():.0f})"
+        )
         print(report)
         # The control plane counts what the client saw: the 429s as rejected (availability),
         # the rest as admitted and judged.

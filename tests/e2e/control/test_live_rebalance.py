@@ -51,6 +51,11 @@ def _prefill_rate_rps() -> float:
     return 1.0 / LatencyModel.for_profile(PROFILE).prefill_s([mean_prompt])
 
 
+def _profile_rate() -> float:
+    """Prompt tokens/s of one prefill worker at the mean prompt, by the profile."""
+    return (PROMPT_MIN + PROMPT_MAX) // 2 * _prefill_rate_rps()
+
+
 def _local_prompt_tokens(url: str) -> float:
     """Prompt tokens the worker prefilled itself (a decode leg's prompt arrives as KV)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -177,6 +182,7 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
             timeout_s=20,
         )
         stats = stack.get("/api/v1/slos/live-pd/goodput", window="1h")
+        ev = move["evidence"]
         audit = sorted(
             (e["action"], e["actor"])
             for target in [move["id"], *(r["id"] for r in rows)]
@@ -190,7 +196,11 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
             f"{PROMPT_MIN}-{PROMPT_MAX}, {OUTPUT} output tokens), 0 failed, {during} in flight "
             f"during the move; timeline "
             f"{[(round(t, 1), e) for t, e in timeline]}; commands "
-            f"{[(r['kind'], r['state'], r['attempts']) for r in rows]}; client TTFT median "
+            f"{[(r['kind'], r['state'], r['attempts']) for r in rows]}; evidence: demand "
+            f"{ev['demand']['prompt_tokens_per_s']:.0f} prompt tokens/s, queued "
+            f"{ev['queued_prefill_tokens']:.0f}, prefill rate {ev['prefill_rate_tokens_per_s']:.0f}"
+            f" tokens/s (profile {_profile_rate():.0f}), TTFT correction {ev['ttft_correction']:g}"
+            f"; client TTFT median "
             f"{ttft_before:.2f} s before the move, {ttft_after:.2f} s after; predicted "
             f"{json.dumps(move['predicted_effect'])[:400]}; observed "
             f"{json.dumps(done['observed_effect'])[:400]}; control plane: {stats['requests']} "
