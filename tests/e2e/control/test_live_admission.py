@@ -86,7 +86,10 @@ def _settled(stack: ControlStack, key: str, admitted: int, rejected: int) -> dic
         done = stats["admitted"] >= admitted and stats["rejected"] >= rejected
         return stats if done else None
 
-    return stack.eventually(check, f"records of {key} at the control plane", timeout_s=45)
+    stats: dict[str, Any] = stack.eventually(
+        check, f"records of {key} at the control plane", timeout_s=45
+    )
+    return stats
 
 
 def test_overload_sheds_sheddable_traffic_and_admitted_requests_keep_the_slo(
