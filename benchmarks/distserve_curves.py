@@ -133,21 +133,22 @@ def run_point(trace_name: str, config: Config, rate: float, duration_s: float) -
     }
 
 
-def goodput(points: list[dict[str, Any]], scale: float) -> tuple[float, bool]:
+def goodput(points: list[dict[str, Any]], scale: float) -> tuple[float, str | None]:
     """The rate where attainment first drops below the target (linear between grid
-    rates); ``(top rate, True)`` when it never does on the grid, ``(0, False)`` when even
-    the lowest rate misses (then the grid's lowest rate bounds it from above)."""
+    rates), and ``None``; ``(top rate, "top")`` when it never does on the grid;
+    ``(0, "below")`` when even the lowest rate misses (the goodput is then somewhere
+    below the grid's lowest rate, not zero)."""
     previous = None
     for point in points:
         a = point["attainment"][scale]
         if a < TARGET:
             if previous is None:
-                return 0.0, False
+                return 0.0, "below"
             r0, a0 = previous["rate"], previous["attainment"][scale]
             r1 = point["rate"]
-            return r0 + (r1 - r0) * (a0 - TARGET) / (a0 - a), False
+            return r0 + (r1 - r0) * (a0 - TARGET) / (a0 - a), None
         previous = point
-    return points[-1]["rate"], True
+    return points[-1]["rate"], "top"
 
 
 def plot(trace: str, curves: dict[str, list[dict[str, Any]]], table: dict[str, Any], out: Path):
@@ -200,7 +201,7 @@ def plot(trace: str, curves: dict[str, list[dict[str, Any]]], table: dict[str, A
             f"scale {scale:g}: TTFT <= {TTFT_S * scale:g} s, TPOT <= {TPOT_S * scale * 1e3:g} ms"
         )
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="upper right" if scale == scales[0] else "lower left")
     fig.tight_layout()
     path = out / f"distserve_{trace}.png"
     fig.savefig(path, dpi=72)
@@ -256,12 +257,14 @@ def main() -> None:
             curves[config.name] = points
         table: dict[str, Any] = {}
         for scale in SCALES:
-            per_gpu, capped = {}, []
+            per_gpu, capped, below = {}, [], []
             for name, points in curves.items():
-                value, at_top = goodput(points, scale)
+                value, bound = goodput(points, scale)
                 per_gpu[name] = value / GPUS
-                if at_top:
+                if bound == "top":
                     capped.append(name)
+                elif bound == "below":
+                    below.append(name)
             pd = {n: v for n, v in per_gpu.items() if n.startswith("PD")}
             co = {n: v for n, v in per_gpu.items() if not n.startswith("PD")}
             best_pd = max(pd, key=lambda n: pd[n])
@@ -271,6 +274,7 @@ def main() -> None:
                 "tpot_s": TPOT_S * scale,
                 "goodput_per_gpu": per_gpu,
                 "at_top_of_grid": capped,
+                "below_grid": below,
                 "best_pd": best_pd,
                 "best_colocated": best_co,
                 "pd_over_best_colocated": (
