@@ -208,3 +208,6 @@ def test_forced_imbalance_moves_a_decode_worker_to_prefill_without_failures(
             f"audit {audit}"
         )
         assert stats["errors"] == 0, stats
+        # One move fixed it: the planner did not move anything back (hysteresis, dwell).
+        moves = stack.get("/api/v1/automation/moves")["data"]
+        assert [m["id"] for m in moves] == [move["id"]], moves
