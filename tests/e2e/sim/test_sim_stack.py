@@ -82,6 +82,7 @@ class Attempt:
     client_ttft_s: np.ndarray
     client_tpot_s: np.ndarray
     step_lag: dict[str, str]
+    engine_records_counted: int  # by the control plane's engine-vantage SLO
 
 
 def _replay(stack: SimStack, n: int) -> Attempt:
@@ -115,21 +116,23 @@ def _replay(stack: SimStack, n: int) -> Attempt:
     while (stats := stack.get(f"/api/v1/slos/{slo['id']}/goodput", window="1h"))["requests"] < n:
         assert time.monotonic() < deadline, f"the control plane has {stats['requests']} of {n}"
         time.sleep(1.0)
-    # Both workers ship engine records, as the vLLM plugin does: one per leg.
+    # Both workers ship engine records, as the vLLM plugin does: one per leg, every one
+    # accepted by the control plane's ingest.
     deadline = time.monotonic() + 60
     while True:
-        engine = stack.get(f"/api/v1/slos/{engine_slo['id']}/goodput", window="1h")
         shipped = {
             role: httpx.get(f"{url}/sim", timeout=10).json()["engine_records"]
             for role, url in stack.workers.items()
         }
-        if engine["requests"] + engine["aborted"] >= 2 * n:
+        if all(e["num_exported_records"] >= n for e in shipped.values()):
             break
-        assert time.monotonic() < deadline, (
-            f"{engine['requests']} engine records of {2 * n}: {engine}; exporters {shipped}"
-        )
+        assert time.monotonic() < deadline, f"engine records shipped: {shipped}"
         time.sleep(1.0)
-    assert engine["requests"] == 2 * n and engine["errors"] == 0, (engine, shipped)
+    for exporter in shipped.values():
+        assert exporter["num_exported_records"] == n, shipped
+        assert exporter["num_dropped_records"] == exporter["num_rejected_records"] == 0, shipped
+    engine = stack.get(f"/api/v1/slos/{engine_slo['id']}/goodput", window="1h")
+    assert engine["errors"] == 0, engine
     assert stats["requests"] == n and stats["errors"] == 0, stats
     # How late each worker's loop committed its iterations (its tokens' delay past the model).
     lag = {}
@@ -139,7 +142,7 @@ def _replay(stack: SimStack, n: int) -> Attempt:
         within = metric_sum(text, "goodput_sim_step_lag_seconds_bucket", le="0.005")
         lag[role] = f"{within / count:.1%} of {count:.0f} iterations within 5 ms"
     client = request_latencies(RecordBatch.from_records(records))
-    return Attempt(stats, client.ttft_s, client.tpot_s, lag)
+    return Attempt(stats, client.ttft_s, client.tpot_s, lag, engine["requests"])
 
 
 def _compare(attempt: Attempt, sim: SimResult, sim_ttft: np.ndarray, sim_tpot: np.ndarray
@@ -160,7 +163,8 @@ def _compare(attempt: Attempt, sim: SimResult, sim_ttft: np.ndarray, sim_tpot: n
         f"median {np.median(tpot_diff) * 1e3:+.3f} ms; simulator TTFT p50/p90 "
         f"{np.median(sim_ttft) * 1e3:.0f}/{np.percentile(sim_ttft, 90) * 1e3:.0f} ms, control "
         f"plane (gateway) TTFT p50/p90 {stats['ttft']['p50_s'] * 1e3:.0f}/"
-        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms; worker step lag: {attempt.step_lag}"
+        f"{stats['ttft']['p90_s'] * 1e3:.0f} ms; worker step lag: {attempt.step_lag}; "
+        f"engine records counted by the control plane: {attempt.engine_records_counted}"
     )
     problems = []
     if abs(good_cp - good_sim) > band + 1:
