@@ -126,10 +126,10 @@ class AdmissionRuntime:
         self._sent: dict[str, tuple[str, float]] = {}  # gateway → (fingerprint, sent at)
         live.ingestor.add_listener(self.observe)
 
-    def observe(self, batch: RecordBatch) -> None:
-        """Learn from one ingested batch (the ingest listener)."""
+    def observe(self, batch: RecordBatch, source: str = "") -> None:
+        """Learn from one ingested batch of exporter ``source`` (the ingest listener)."""
         with self._lock:
-            self.learner.observe(batch, decode_instances=self._decode_instances)
+            self.learner.observe(batch, decode_instances=self._decode_instances, source=source)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="goodput-admission")

@@ -130,11 +130,12 @@ class PlannerRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def observe(self, batch: RecordBatch) -> None:
-        """The ingest listener: demand and the latency model learn from every batch."""
+    def observe(self, batch: RecordBatch, source: str = "") -> None:
+        """The ingest listener: demand and the latency model learn from every batch
+        (``source``: the sending exporter)."""
         self.demand.observe(batch, self.clock())
         with self._learn_lock:
-            self.learner.observe(batch, decode_instances=self._decode_instances)
+            self.learner.observe(batch, decode_instances=self._decode_instances, source=source)
 
     async def _run(self) -> None:
         interval = self.settings.planner_interval_s

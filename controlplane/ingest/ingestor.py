@@ -42,12 +42,16 @@ __all__ = [
     "IngestFailedError",
     "IngestOutcome",
     "Ingestor",
+    "Listener",
     "StaleBatchError",
     "TenantScopeError",
     "check_tenant",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``listener(batch, exporter_id)``: a control loop learning from applied batches.
+Listener = Callable[[RecordBatch, str], None]
 
 PROTOCOLS = ("wire", "otlp")
 #: applied; duplicate (seen before, nothing applied); stale (below the de-duplication
@@ -102,15 +106,16 @@ class Ingestor:
         self._lock = threading.Lock()
         self._counts = _Counts()
         self._warned_stale: set[str] = set()
-        self._listeners: list[Callable[[RecordBatch], None]] = []
+        self._listeners: list[Listener] = []
         self.listener_failures = 0
 
-    def add_listener(self, listener: Callable[[RecordBatch], None]) -> None:
-        """Call ``listener(batch)`` with every batch applied from now on (keep it cheap:
-        it runs under the ingest lock)."""
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(batch, exporter_id)`` with every batch applied from now on (keep
+        it cheap: it runs under the ingest lock). ``exporter_id`` is the sending exporter's
+        (one process: a gateway, or one engine instance); ``""`` for OTLP batches."""
         self._listeners.append(listener)
 
-    def remove_listener(self, listener: Callable[[RecordBatch], None]) -> None:
+    def remove_listener(self, listener: Listener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
@@ -238,9 +243,10 @@ class Ingestor:
                 f"the goodput engine failed on this batch ({type(exc).__name__}); "
                 "nothing was marked applied, retry later"
             ) from exc
+        source = header.exporter_id if header else ""
         for listener in self._listeners:
             try:
-                listener(batch)
+                listener(batch, source)
             except Exception:  # a control loop's bug must not fail ingest
                 self.listener_failures += 1
                 logger.exception("ingest listener %r failed", listener)

@@ -9,7 +9,11 @@ begins at a prior and moves toward the data:
   the time between ``PREFILL_START`` and ``PREFILL_END``, averaged across batches with
   exponential forgetting. Engine records (one instance's batch; the engine's phases start
   when the request is scheduled) give Σ tokens ÷ the time the instance was prefilling (the
-  union of the intervals: prompts prefilled together share their seconds). Gateway
+  union of the intervals: prompts prefilled together share their seconds). The union is
+  kept per exporter (``source``: one engine instance) across batches for
+  :data:`BUSY_MEMORY_S`: under chunked prefill consecutive prompts share an iteration, and
+  a record shipped in the next batch must not count that shared time twice (it did: the
+  rate read about 20 % low with one-second batches). Gateway
   records are used only while no engine record has come: Σ tokens ÷ Σ seconds, whose
   phases include the wait in the prefill queue, so the rate errs low (shedding a little
   early);
@@ -40,15 +44,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from exporters.records import Phase, RecordBatch, Status, Vantage
 
-__all__ = ["DEFAULT_PRIOR", "AdmissionLearner", "LearnedParams", "decode_samples"]
+__all__ = [
+    "BUSY_MEMORY_S",
+    "DEFAULT_PRIOR",
+    "MAX_BUSY_SOURCES",
+    "AdmissionLearner",
+    "LearnedParams",
+    "decode_samples",
+]
 
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+#: How far back an engine's counted prefill time is remembered (longer than a request's
+#: decode, whose final record carries its prefill interval).
+BUSY_MEMORY_S = 600.0
+MAX_BUSY_SOURCES = 4096  # engine exporters remembered at once
 _CONTEXT_SCALE = 1e4  # context tokens are fitted in units of 10k (a well-conditioned system)
 
 
@@ -139,6 +156,7 @@ class AdmissionLearner:
         # Σ-statistics with forgetting: (weight, weighted sum) per mean.
         self._prefill = [0.0, 0.0]  # seconds, tokens (gateway records)
         self._prefill_engine = [0.0, 0.0]  # busy seconds, tokens (engine records)
+        self._busy: dict[str, _Intervals] = {}  # per exporter: the busy time counted lately
         self._handoff = [0.0, 0.0]
         self._decode = [0.0, 0.0]
         self._context = [0.0, 0.0]
@@ -154,10 +172,11 @@ class AdmissionLearner:
         )
         self.counts = {"prefill": 0, "handoff": 0, "itl": 0}
 
-    def observe(self, batch: RecordBatch, *, decode_instances: int = 1) -> None:
+    def observe(self, batch: RecordBatch, *, decode_instances: int = 1, source: str = "") -> None:
         """Learn from one batch of records (final, successful ones; others are skipped).
         ``decode_instances``: how many decode instances the gateway-vantage records of the
-        batch spread over (engine records are one instance's)."""
+        batch spread over (engine records are one instance's). ``source``: the exporter that
+        sent the batch; engine batches of one source are one instance's."""
         if len(batch) == 0:
             return
         ok = batch.final & (batch.status == Status.OK)
@@ -174,7 +193,7 @@ class AdmissionLearner:
                 continue
             if acc is self._prefill_engine:  # the instance's busy time
                 at = batch.arrival_time_ns[mask] // 1000
-                seconds = _union_s(at + start[mask], at + end[mask])
+                seconds = self._new_busy_s(source, at + start[mask], at + end[mask])
             else:
                 seconds = float((end - start)[mask].sum()) / 1e6
             _decay_add(acc, f, seconds, float(tokens[mask].sum()))
@@ -186,6 +205,23 @@ class AdmissionLearner:
             _decay_add(self._handoff, f, float(rows.sum()), float((h1 - h0)[rows].sum()) / 1e6)
             self.counts["handoff"] += int(rows.sum())
         self._observe_decode(batch, ok, decode_instances)
+
+    def _new_busy_s(self, source: str, start_us: I64, end_us: I64) -> float:
+        """Seconds of ``[start_us, end_us]`` not already counted for ``source``."""
+        counted = self._busy.get(source)
+        if counted is None:
+            if len(self._busy) >= MAX_BUSY_SOURCES:  # exporters come and go: forget the oldest
+                del self._busy[next(iter(self._busy))]
+            counted = _Intervals(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        before = _union_s(counted.start_us, counted.end_us)
+        merged = _merge(
+            np.concatenate([counted.start_us, start_us]), np.concatenate([counted.end_us, end_us])
+        )
+        after = float((merged.end_us - merged.start_us).sum()) / 1e6
+        horizon = int(merged.end_us[-1]) - int(BUSY_MEMORY_S * 1e6)
+        keep = merged.end_us > horizon
+        self._busy[source] = _Intervals(merged.start_us[keep], merged.end_us[keep])
+        return max(after - before, 0.0)
 
     def _observe_decode(
         self, batch: RecordBatch, ok: npt.NDArray[np.bool_], instances: int
@@ -274,13 +310,28 @@ def _nonnegative_slopes(gram: F64, moment: F64) -> tuple[float, float, float]:
     return float(best[1][0]), float(best[1][1]), float(best[1][2])
 
 
-def _union_s(start_us: npt.NDArray[np.int64], end_us: npt.NDArray[np.int64]) -> float:
-    """Seconds covered by the union of the intervals ``[start_us, end_us]``."""
+class _Intervals(NamedTuple):
+    """Disjoint, sorted intervals in microseconds."""
+
+    start_us: I64
+    end_us: I64
+
+
+def _merge(start_us: I64, end_us: I64) -> _Intervals:
+    """The union of the intervals ``[start_us, end_us]`` as disjoint sorted intervals."""
+    if start_us.size == 0:
+        return _Intervals(start_us, end_us)
     order = np.argsort(start_us, kind="stable")
     starts, ends = start_us[order], np.maximum.accumulate(end_us[order])
     first = np.flatnonzero(np.concatenate([[True], starts[1:] > ends[:-1]]))
     last = np.concatenate([first[1:] - 1, [starts.size - 1]])
-    return float((ends[last] - starts[first]).sum()) / 1e6
+    return _Intervals(starts[first], ends[last])
+
+
+def _union_s(start_us: I64, end_us: I64) -> float:
+    """Seconds covered by the union of the intervals ``[start_us, end_us]``."""
+    merged = _merge(start_us, end_us)
+    return float((merged.end_us - merged.start_us).sum()) / 1e6
 
 
 def _decay_add(acc: list[float], forget: float, weight: float, total: float) -> None:

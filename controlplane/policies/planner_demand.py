@@ -16,7 +16,7 @@ times and prompt lengths, which the planner's queueing model needs.
 Example::
 
     window = DemandWindow(60.0)
-    ingestor.add_listener(lambda batch: window.observe(batch, time.time()))
+    ingestor.add_listener(lambda batch, source: window.observe(batch, time.time()))
     demand = window.demand(time.time())
 """
 
