@@ -35,9 +35,12 @@ _accumulate = np.add.accumulate
 #: a run's context ramp is then one slice (growth is the batch size, so few values occur).
 _GROWTH_RAMPS: dict[tuple[float, int], F64] = {}
 _RAMP_LENGTH = 1024
+_RAMP_CACHE_LIMIT = 16384  # longer runs (rare: outputs of 16k tokens) are computed, not kept
 
 
 def _growth_ramp(per_token_s: float, growth: int, num_steps: int) -> F64:
+    if num_steps > _RAMP_CACHE_LIMIT:
+        return np.arange(num_steps, dtype=np.float64) * (per_token_s * growth)
     key = (per_token_s, growth)
     ramp = _GROWTH_RAMPS.get(key)
     if ramp is None or ramp.shape[0] < num_steps:
@@ -120,7 +123,9 @@ class StepTimer:
             first += above * (batch - knee)
         ramp = self._ramps.get(growth)
         if ramp is None or ramp.shape[0] < num_steps:
-            ramp = self._ramps[growth] = _growth_ramp(kd, growth, num_steps)
+            ramp = _growth_ramp(kd, growth, num_steps)
+            if num_steps <= _RAMP_CACHE_LIMIT:
+                self._ramps[growth] = ramp
         steps = ramp[:num_steps] + first
         if self.jitter:
             at = self._noise_at
