@@ -21,13 +21,16 @@ count for every configuration:
 
 Each run's records are judged (``exporters.slo.judge``, the goodput engine's own rules)
 against DistServe-style SLOs scaled together: TTFT <= scale x 0.25 s and TPOT <= scale x
-10 ms, for scales from 1 (tight) to 6 (loose). Goodput of a configuration at a scale is
+10 ms, for scales from 1 (tight) to 6 (loose); and, as a second family, TTFT <= scale x
+0.25 s and each request's p99 inter-token gap <= scale x 12.5 ms (a stall shows in the
+gaps even when the mean, TPOT, hides it). Goodput of a configuration at a scale is
 the rate where its attainment first falls below 90 %, interpolated linearly between grid
 rates (the top grid rate, marked, if it never does). The baseline of the comparison is
 the colocated vLLM-V0 configuration of the same run.
 
-Last stdout line: one JSON object — per trace and scale, goodput per GPU of every
-configuration, the best PD split and the best colocated one, and their ratio. With
+Last stdout line: one JSON object — per trace and scale (``by_scale``: TPOT family,
+``by_scale_itl``: ITL family), goodput per GPU of every configuration, the best PD split
+and the best colocated one, and their ratio; the attainment curves. With
 ``--plots DIR`` writes ``distserve_<trace>.png`` there.
 
     python benchmarks/distserve_curves.py [--quick] [--plots docs/experiments]
@@ -40,6 +43,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from exporters.latency import request_latencies  # noqa: E402
-from exporters.records import RecordBatch  # noqa: E402
+from exporters.records import RecordBatch, Status  # noqa: E402
 from exporters.slo import Metric, Objective, judge  # noqa: E402
 from serving.sim.cluster import (  # noqa: E402
     SimOptions,
@@ -63,6 +67,7 @@ from serving.traces import load_trace  # noqa: E402
 MODEL = "model=llama3.1-8b,gpu=h100,tp=1"
 GPUS = 8
 TTFT_S, TPOT_S = 0.25, 0.010  # scale 1: the tight end
+ITL_P99_S = 0.0125  # the second SLO family: each request's p99 gap instead of its TPOT
 SCALES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 TARGET = 0.9  # DistServe's attainment goal
 SEED = 1
@@ -96,10 +101,15 @@ CONFIGS = (
     ),
 )
 BASELINE = CONFIGS[0].name
+FAMILIES = ("attainment", "attainment_itl")
 
 
 def objectives(scale: float) -> tuple[Objective, Objective]:
     return Objective(Metric.TTFT, TTFT_S * scale), Objective(Metric.TPOT, TPOT_S * scale)
+
+
+def itl_objectives(scale: float) -> tuple[Objective, Objective]:
+    return Objective(Metric.TTFT, TTFT_S * scale), Objective(Metric.ITL, ITL_P99_S * scale, "p99")
 
 
 def run_point(trace_name: str, config: Config, rate: float, duration_s: float) -> dict[str, Any]:
@@ -122,10 +132,19 @@ def run_point(trace_name: str, config: Config, rate: float, duration_s: float) -
         if scale == 1.0:
             # One maths: the goodput engine judged the same records at scale 1.
             assert verdicts.num_good == result.stats.good, (verdicts.num_good, result.stats)
+    # The ITL family: every scale's objectives in one judge call (one sort of the gaps),
+    # a request good at a scale when it is good and meets that scale's two objectives.
+    both = judge(batch, [o for scale in SCALES for o in itl_objectives(scale)], latencies)
+    ok = both.judged & (batch.status == Status.OK)
+    attainment_itl = {
+        scale: int((ok & both.met[:, 2 * k] & both.met[:, 2 * k + 1]).sum()) / both.num_judged
+        for k, scale in enumerate(SCALES)
+    }
     return {
         "rate": rate,
         "requests": result.num_requests,
         "attainment": attainment,
+        "attainment_itl": attainment_itl,
         "ttft_p90_s": float(np.nanpercentile(latencies.ttft_s, 90)),
         "tpot_p90_s": float(np.nanpercentile(latencies.tpot_s, 90)),
         "preemptions": result.num_preemptions,
@@ -133,22 +152,60 @@ def run_point(trace_name: str, config: Config, rate: float, duration_s: float) -
     }
 
 
-def goodput(points: list[dict[str, Any]], scale: float) -> tuple[float, str | None]:
+def goodput(
+    points: list[dict[str, Any]], scale: float, key: str = "attainment"
+) -> tuple[float, str | None]:
     """The rate where attainment first drops below the target (linear between grid
     rates), and ``None``; ``(top rate, "top")`` when it never does on the grid;
     ``(0, "below")`` when even the lowest rate misses (the goodput is then somewhere
     below the grid's lowest rate, not zero)."""
     previous = None
     for point in points:
-        a = point["attainment"][scale]
+        a = point[key][scale]
         if a < TARGET:
             if previous is None:
                 return 0.0, "below"
-            r0, a0 = previous["rate"], previous["attainment"][scale]
+            r0, a0 = previous["rate"], previous[key][scale]
             r1 = point["rate"]
             return r0 + (r1 - r0) * (a0 - TARGET) / (a0 - a), None
         previous = point
     return points[-1]["rate"], "top"
+
+
+def summarise(
+    curves: dict[str, list[dict[str, Any]]], key: str, slo: Callable[[float], dict[str, float]]
+) -> dict[str, Any]:
+    """Goodput per GPU of every configuration at every scale, from the attainment curves
+    under ``key``; the best PD split and the best colocated configuration, and ratios."""
+    table: dict[str, Any] = {}
+    for scale in SCALES:
+        per_gpu, capped, below = {}, [], []
+        for name, points in curves.items():
+            value, bound = goodput(points, scale, key)
+            per_gpu[name] = value / GPUS
+            if bound == "top":
+                capped.append(name)
+            elif bound == "below":
+                below.append(name)
+        pd = {n: v for n, v in per_gpu.items() if n.startswith("PD")}
+        co = {n: v for n, v in per_gpu.items() if not n.startswith("PD")}
+        best_pd = max(pd, key=lambda n: pd[n])
+        best_co = max(co, key=lambda n: co[n])
+        table[str(scale)] = {
+            "ttft_s": TTFT_S * scale,
+            **slo(scale),
+            "goodput_per_gpu": per_gpu,
+            "at_top_of_grid": capped,
+            "below_grid": below,
+            "best_pd": best_pd,
+            "best_colocated": best_co,
+            "pd_over_best_colocated": pd[best_pd] / co[best_co] if co[best_co] > 0 else math.inf,
+            "pd_over_baseline": (
+                pd[best_pd] / per_gpu[BASELINE] if per_gpu[BASELINE] > 0 else math.inf
+            ),
+            "winner": "pd" if pd[best_pd] > co[best_co] else "colocated",
+        }
+    return table
 
 
 def plot(trace: str, curves: dict[str, list[dict[str, Any]]], table: dict[str, Any], out: Path):
@@ -247,51 +304,33 @@ def main() -> None:
                 print(
                     f"{trace} {config.name:32s} {rate:6.1f} req/s  "
                     + " ".join(f"{point['attainment'][s]:.3f}" for s in SCALES)
+                    + "  itl: "
+                    + " ".join(f"{point['attainment_itl'][s]:.3f}" for s in SCALES)
                     + f"  ttft p90 {point['ttft_p90_s']:.3f} s tpot p90 "
                     f"{point['tpot_p90_s'] * 1e3:.1f} ms",
                     file=sys.stderr,
                     flush=True,
                 )
-                if all(point["attainment"][s] < 0.5 for s in SCALES):
+                if all(point[k][s] < 0.5 for s in SCALES for k in FAMILIES):
                     break  # far past every knee: higher rates only cost time
             curves[config.name] = points
-        table: dict[str, Any] = {}
-        for scale in SCALES:
-            per_gpu, capped, below = {}, [], []
-            for name, points in curves.items():
-                value, bound = goodput(points, scale)
-                per_gpu[name] = value / GPUS
-                if bound == "top":
-                    capped.append(name)
-                elif bound == "below":
-                    below.append(name)
-            pd = {n: v for n, v in per_gpu.items() if n.startswith("PD")}
-            co = {n: v for n, v in per_gpu.items() if not n.startswith("PD")}
-            best_pd = max(pd, key=lambda n: pd[n])
-            best_co = max(co, key=lambda n: co[n])
-            table[str(scale)] = {
-                "ttft_s": TTFT_S * scale,
-                "tpot_s": TPOT_S * scale,
-                "goodput_per_gpu": per_gpu,
-                "at_top_of_grid": capped,
-                "below_grid": below,
-                "best_pd": best_pd,
-                "best_colocated": best_co,
-                "pd_over_best_colocated": (
-                    pd[best_pd] / co[best_co] if co[best_co] > 0 else math.inf
-                ),
-                "pd_over_baseline": (
-                    pd[best_pd] / per_gpu[BASELINE] if per_gpu[BASELINE] > 0 else math.inf
-                ),
-                "winner": "pd" if pd[best_pd] > co[best_co] else "colocated",
-            }
-        entry: dict[str, Any] = {"by_scale": table}
+        table = summarise(curves, "attainment", lambda scale: {"tpot_s": TPOT_S * scale})
+        table_itl = summarise(
+            curves, "attainment_itl", lambda scale: {"itl_p99_s": ITL_P99_S * scale}
+        )
+        entry: dict[str, Any] = {"by_scale": table, "by_scale_itl": table_itl}
         if args.plots is not None:
             args.plots.mkdir(parents=True, exist_ok=True)
             entry["plot"] = str(plot(trace, curves, table, args.plots))
         entry["curves"] = {
             name: [
-                {"rate": p["rate"], "attainment": {str(s): a for s, a in p["attainment"].items()}}
+                {
+                    "rate": p["rate"],
+                    "attainment": {str(s): a for s, a in p["attainment"].items()},
+                    "attainment_itl": {str(s): a for s, a in p["attainment_itl"].items()},
+                    "ttft_p90_s": p["ttft_p90_s"],
+                    "tpot_p90_s": p["tpot_p90_s"],
+                }
                 for p in points
             ]
             for name, points in curves.items()
