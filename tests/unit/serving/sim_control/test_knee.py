@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
 from serving.sim.control.eval.knee import find_knee
 
 
-def step(at: float, high: float = 1.0, low: float = 0.5):
+def step(at: float, high: float = 1.0, low: float = 0.5) -> Callable[[float], float]:
     return lambda rate: high if rate <= at else low
 
 
@@ -66,4 +67,6 @@ def test_probe_budget_is_respected() -> None:
 )
 def test_invalid_arguments_name_the_field(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        find_knee(step(1.0), 0.95, **kwargs)
+        find_knee(
+            step(1.0), 0.95, start=kwargs.get("start", 1.0), rel_tol=kwargs.get("rel_tol", 0.05)
+        )
