@@ -20,9 +20,9 @@ better Dynamo-style planner's), ``"role_changes_per_h"`` (max over traces)``, ..
 
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
 
-``--quick``: 4 instances, 60-s overload runs, 120 s for the shift and stability (about
-6 minutes on the shared 2-core machine at load 10-15); the full run: 8 instances, 120-s
-overload runs, 240-s shift, 300-s stability.
+``--quick``: 4 instances, 60-s overload runs, 120 s for the shift and stability (3-6
+minutes on the shared 2-core machine at load 8-15); the full run: 8 instances, 120-s
+overload runs, 240-s shift, 300-s stability (8 minutes there).
 """
 
 from __future__ import annotations
