@@ -52,25 +52,31 @@ SCHED_MARK = "goodput-crosscheck-client-schedstat"
 # first (as vLLM's own server does after start-up): a full collection over them pauses the
 # client for hundreds of milliseconds, which it would count into the latencies it measures.
 VLLM_BENCH_SERVE = (
-    "import gc, sys\n"
+    "import gc, os, sys\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "gc.collect()\n"
     "gc.freeze()\n"
     "parser = FlexibleArgumentParser()\n"
     "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
-    # Linux: this process's CPU time and its time runnable but waiting for a CPU (ms).
-    "import os\n"
-    "try:\n"
+    # Linux: this process's CPU time and its time runnable but waiting for a CPU (ms)
+    # during the benchmark itself (not its imports).
+    "def sched():\n"
     "    run = wait = 0\n"
     "    for task in os.listdir('/proc/self/task'):\n"
     "        with open(f'/proc/self/task/{task}/schedstat') as stat:\n"
     "            r, w = stat.read().split()[:2]\n"
     "        run, wait = run + int(r), wait + int(w)\n"
-    "    print(f'{SCHED_MARK} {run / 1e6:.1f} {wait / 1e6:.1f}')\n"
+    "    return run, wait\n"
+    "try:\n"
+    "    before = sched()\n"
     "except OSError:\n"
-    "    pass\n"
+    "    before = None\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+    "if before is not None:\n"
+    "    after = sched()\n"
+    "    print(f'{SCHED_MARK} {(after[0] - before[0]) / 1e6:.1f} '\n"
+    "          f'{(after[1] - before[1]) / 1e6:.1f}')\n"
 ).replace("{SCHED_MARK}", SCHED_MARK)
 
 
