@@ -208,7 +208,9 @@ def summarise(
     return table
 
 
-def plot(trace: str, curves: dict[str, list[dict[str, Any]]], table: dict[str, Any], out: Path):
+def plot(
+    trace: str, curves: dict[str, list[dict[str, Any]]], table: dict[str, Any], out: Path
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
