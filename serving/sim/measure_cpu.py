@@ -74,6 +74,7 @@ StepRow = tuple[str, int, int, int, int, float]
 
 DEFAULT_OUT = Path(__file__).parent / "data" / "cpu-tiny-llama.csv"
 SERVED_MODEL = "tiny"
+MAX_LOST_RUNS = 5
 _MIN_TOKEN_ID = 3  # 0..2 are <s>, </s>, <pad>
 
 
@@ -251,6 +252,7 @@ async def _measure_grid(
     ]
     decode = [(n, p) for n in options.decode_batches for p in options.decode_contexts]
     short, long = options.decode_tokens_short, options.decode_tokens
+    failures = 0
     timeout = httpx.Timeout(600.0, connect=10.0)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
@@ -273,12 +275,19 @@ async def _measure_grid(
                     continue
                 # The same prompt lengths twice (fresh ids: no prefix-cache hit), short
                 # then long output: the difference is the steady decode (differential_step).
-                itl_short, _ = await _decode_run(
-                    client, [_ids(rng, b, vocab) for _ in range(a)], short
-                )
-                itl_long, records = await _decode_run(
-                    client, [_ids(rng, b, vocab) for _ in range(a)], long
-                )
+                try:
+                    itl_short, _ = await _decode_run(
+                        client, [_ids(rng, b, vocab) for _ in range(a)], short
+                    )
+                    itl_long, records = await _decode_run(
+                        client, [_ids(rng, b, vocab) for _ in range(a)], long
+                    )
+                except RuntimeError as exc:  # one lost stream costs one sample, not the run
+                    failures += 1
+                    say(f"decode N={a} P={b}: {exc} ({failures} lost so far)")
+                    if failures > MAX_LOST_RUNS:
+                        raise
+                    continue
                 step = differential_step(itl_short, itl_long)
                 client_step = decode_step(records, b)
                 raw.append({
@@ -361,6 +370,7 @@ def measure(options: MeasureOptions, out: Path, say: Any = print) -> list[StepRo
         server.start()
         try:
             server.wait_ready(timeout_s=300)
+            say(f"vLLM log: {server.log_path}")
             say(f"vLLM ready on {server.url} in {time.perf_counter() - started:.0f} s")
             entry = "vllm.entrypoints.openai.api_server"
             server_argv = argv[argv.index(entry) - 1 :] if entry in argv else argv
@@ -375,7 +385,12 @@ def measure(options: MeasureOptions, out: Path, say: Any = print) -> list[StepRo
                 out.with_name(out.stem + ".SOURCE.txt").write_text(note, encoding="utf-8")
 
             grid = _measure_grid(server.url, options, vocab, say, write)
-            rows, _ = asyncio.run(grid)
+            try:
+                rows, _ = asyncio.run(grid)
+            except Exception:
+                state = "alive" if server.alive() else "exited"
+                say(f"vLLM {state}; log tail:\n{server.log_tail()}")
+                raise
         finally:
             server.stop()
     note = out.with_name(out.stem + ".SOURCE.txt")
