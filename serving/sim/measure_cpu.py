@@ -67,6 +67,7 @@ __all__ = [
     "decode_step",
     "measure",
     "median_rows",
+    "rows_from_samples",
 ]
 
 F64 = npt.NDArray[np.float64]
@@ -142,6 +143,25 @@ def median_rows(samples: dict[Config, list[tuple[int, float]]]) -> list[StepRow]
         time_s = statistics.median(t for _, t in samples[key])
         rows.append((phase, seqs, tokens, sum_sq, context, time_s))
     return rows
+
+
+def rows_from_samples(
+    raw: Sequence[dict[str, Any]], short: int = 8, long: int = 72
+) -> list[StepRow]:
+    """The CSV rows of a samples file (what :func:`measure` writes beside the CSV): the
+    same medians, so that the CSV can be re-derived and checked. A decode sample counts
+    only when its long run had a steady part in which all ``N`` streams decoded together
+    (``client_step_s`` set): when ``N`` requests reach the engine over a longer time than
+    the short run lasts, the two runs' ramps differ and the difference is not a step."""
+    samples: dict[Config, list[tuple[int, float]]] = defaultdict(list)
+    for r in raw:
+        a, b = int(r["batch"]), int(r["tokens"])
+        if r["phase"] == "prefill":
+            samples[("prefill", a, a * b, a * b * b, b)].append((0, float(r["call_s"])))
+        elif r["engine_step_s"] is not None and r["client_step_s"] is not None:
+            context = a * (b + (short + long) // 2)
+            samples[("decode", a, a, 0, b)].append((context, float(r["engine_step_s"])))
+    return median_rows(samples)
 
 
 def engine_itl(metrics_text: str) -> tuple[float, float]:
@@ -294,7 +314,7 @@ async def _measure_grid(
                     "phase": phase, "batch": a, "tokens": b, "engine_step_s": step,
                     "client_step_s": None if client_step is None else client_step[1],
                 })  # fmt: skip
-                if step is not None:
+                if step is not None and client_step is not None:
                     context = a * (b + (short + long) // 2)
                     samples[("decode", a, a, 0, b)].append((context, step))
             say(f"round {round_ + 1}/{options.repeats}: {len(jobs)} configurations in "
