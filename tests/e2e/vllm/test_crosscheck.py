@@ -40,10 +40,14 @@ from .test_gateway import start_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
-NUM_PROMPTS = 16
-REQUEST_RATE = 0.5
-INPUT_LEN, OUTPUT_LEN = 256, 24
-GOODPUT_MS = {"ttft": 150.0, "tpot": 12.0}
+# The client's TTFT includes its own send path (aiohttp, then waking the gateway): ≈2 ms
+# more than the gateway's at the median on this machine. 512-token prompts (four KV blocks
+# move) make TTFTs of ~60 ms and up, so that offset stays inside the 5 % it is allowed; 32
+# requests make one request judged differently at an SLO's edge 3 % of the goodput.
+NUM_PROMPTS = 32
+REQUEST_RATE = 1.0
+INPUT_LEN, OUTPUT_LEN = 512, 24
+GOODPUT_MS = {"ttft": 250.0, "tpot": 12.0}
 ATTEMPTS = 3
 SCHED_MARK = "goodput-crosscheck-client-schedstat"
 # `vllm bench serve` itself: its console entry looks up a distribution named `vllm` (this
