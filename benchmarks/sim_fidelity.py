@@ -284,8 +284,11 @@ def simulate(plan_send_s: F64, prompt_tokens: Any, output_tokens: Any) -> Record
 # -- statistics ------------------------------------------------------------------------------
 
 
-def stats(batch: RecordBatch) -> dict[str, float]:
+def stats(batch: RecordBatch, keep: npt.NDArray[np.bool_] | None = None) -> dict[str, float]:
+    """Pooled statistics of the batch's OK requests (and of the rows ``keep`` marks)."""
     ok = batch.status == int(Status.OK)
+    if keep is not None:
+        ok &= keep
     lat = request_latencies(batch)
     gaps, rows = itl_gaps_s(batch)
     gaps = gaps[ok[rows]]
@@ -372,6 +375,7 @@ def main() -> None:
         args.save.write_text(json.dumps(saved), encoding="utf-8")
         say(f"saved the real run to {args.save}")
     real_batches, sim_batches, per_slice = [], [], {}
+    sim_keeps: list[npt.NDArray[np.bool_]] = []
     for s, plan in plans:
         if s.name not in saved["slices"]:
             continue
@@ -379,7 +383,10 @@ def main() -> None:
         done = len(records)
         real = RecordBatch.from_records(records)
         sim = simulate(plan.send_s[:done], plan.input_tokens[:done], plan.output_tokens[:done])
-        real_stats, sim_stats = stats(real), stats(sim)
+        # A request that failed for real is left out of the simulated statistics too.
+        real_ok = np.array([r.status == Status.OK for r in records], dtype=np.bool_)
+        sim_keep = real_ok[[int(r.rsplit("-", 1)[1]) for r in sim.request_ids]]
+        real_stats, sim_stats = stats(real), stats(sim, sim_keep)
         per_slice[s.name] = {
             "real": real_stats,
             "sim": sim_stats,
@@ -395,8 +402,9 @@ def main() -> None:
         say(f"{s.name}: {json.dumps(per_slice[s.name])}")
         real_batches.append(real)
         sim_batches.append(sim)
+        sim_keeps.append(sim_keep)
     real_all = stats(RecordBatch.concat(real_batches))
-    sim_all = stats(RecordBatch.concat(sim_batches))
+    sim_all = stats(RecordBatch.concat(sim_batches), np.concatenate(sim_keeps))
     errs = errors(real_all, sim_all)
     out = {
         **errs,
