@@ -29,7 +29,7 @@ demo: install
 # only when their extra is not installed, and say so.
 # The `vllm bench serve` cross-check (issue 4) is left out: on this shared 2-core machine a
 # few requests per run still differ by 8-25 ms (the client or gateway waiting for a core),
-# beyond its 5 % / 2 ms at TTFTs of 30-70 ms; it passed in 3 of 5 sessions (docs/gateway.md).
+# beyond its 5 % / 2 ms at TTFTs of 30-70 ms; it passed in 3 of 6 sessions (docs/gateway.md).
 # Run it alone with `make test-crosscheck`.
 CROSSCHECK := tests/e2e/vllm/test_crosscheck.py
 test: install
