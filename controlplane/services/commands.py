@@ -89,6 +89,23 @@ def _request(body: CommandIssue) -> dict[str, Any]:
     return body.model_dump(mode="json", exclude={"id"})
 
 
+async def _store(session: AsyncSession, command: Command, *, actor: str, now: datetime) -> None:
+    """Persist a new command and audit its issue (``command.issue``), in the caller's
+    transaction."""
+    session.add(command)
+    await session.flush()
+    await audit.record(
+        session,
+        actor=actor,
+        action="command.issue",
+        target_type="command",
+        target_id=str(command.id),
+        before=None,
+        after=_snapshot(command),
+        now=now,
+    )
+
+
 async def get_command(session: AsyncSession, command_id: uuid.UUID) -> Command:
     command = await session.get(Command, command_id)
     if command is None:
@@ -143,18 +160,7 @@ async def issue(
         attempts=0,
         version=version,
     )
-    session.add(command)
-    await session.flush()
-    await audit.record(
-        session,
-        actor=actor,
-        action="command.issue",
-        target_type="command",
-        target_id=str(command.id),
-        before=None,
-        after=_snapshot(command),
-        now=now,
-    )
+    await _store(session, command, actor=actor, now=now)
     return command, True
 
 
@@ -290,18 +296,7 @@ async def issue_for_move(
         version=version,
         move_id=move_id,
     )
-    session.add(command)
-    await session.flush()
-    await audit.record(
-        session,
-        actor=actor,
-        action="command.issue",
-        target_type="command",
-        target_id=str(command.id),
-        before=None,
-        after=_snapshot(command),
-        now=now,
-    )
+    await _store(session, command, actor=actor, now=now)
     return command
 
 
