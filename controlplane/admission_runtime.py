@@ -41,10 +41,9 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,16 +52,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
 from controlplane.live import LiveGoodput
-from controlplane.models import Command, CommandState, FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.models import Command, FleetKind, FleetMember, FleetRole, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
 from controlplane.policies.learning import AdmissionLearner
-from controlplane.services import audit
-from controlplane.services.commands import command_public
+from controlplane.services.commands import issue_automatic
 from controlplane.services.fleet import is_stale
 from controlplane.settings import Settings
 from exporters.admission import AdmissionPolicy
-from exporters.commands import Command as WireCommand
-from exporters.commands import CommandKind, command_to_json
+from exporters.commands import CommandKind
 from exporters.records import RecordBatch
 
 __all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan", "fingerprint"]
@@ -223,33 +220,16 @@ class AdmissionRuntime:
         evidence: dict[str, Any],
         now: datetime,
     ) -> None:
-        ttl_s = self.config.ttl_s
-        wire = WireCommand.new(
-            _KIND, target, {"policy": policy}, version=policy.version, now_ns=_ns(now), ttl_s=ttl_s
-        )
-        command = Command(
-            id=uuid.UUID(wire.id),
-            target=target,
-            kind=_KIND.value,
-            payload=command_to_json(wire)["payload"],
-            state=CommandState.PENDING,
-            evidence=evidence,
-            created_at=now,
-            expires_at=now + timedelta(seconds=ttl_s),
-            attempts=0,
-            version=policy.version,
-        )
-        session.add(command)
-        await session.flush()
-        await audit.record(
+        await issue_automatic(
             session,
+            target=target,
+            kind=_KIND,
+            payload={"policy": policy},
+            version=policy.version,
+            evidence=evidence,
             actor=ACTOR,
-            action="command.issue",
-            target_type="command",
-            target_id=str(command.id),
-            before=None,
-            after=command_public(command).model_dump(mode="json"),
             now=now,
+            ttl_s=self.config.ttl_s,
         )
 
 

@@ -23,9 +23,14 @@ def valid_batch(
     batch = RecordBatch.from_records(records)
     try:
         batch.validate()
-        return batch
     except RecordError:
-        pass
+        return _valid_ones(records, on_invalid)
+    return batch
+
+
+def _valid_ones(
+    records: Sequence[RequestRecord], on_invalid: Callable[[RequestRecord, Exception], None]
+) -> RecordBatch:
     good = []
     for record in records:  # rare: find the culprits one by one
         try:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -84,6 +85,35 @@ class ChildProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def wait_http(
+        self,
+        url: str,
+        what: str,
+        *,
+        timeout_s: float,
+        stop: threading.Event | None = None,
+        every_s: float = 0.2,
+    ) -> bool:
+        """Poll ``url`` until it answers 200: ``True`` then, ``False`` when ``stop`` was set
+        first. :class:`DemoError` naming ``what`` and the log when the child exits or
+        ``timeout_s`` passes (a refused or timed-out poll only means not ready yet)."""
+        import httpx
+
+        stop = stop or threading.Event()
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            if not self.alive():
+                raise DemoError(f"{what} exited (log {self.log_path}):\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return True
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"{what} was not ready within {timeout_s:g} s (log {self.log_path})"
+                )
+            stop.wait(every_s)
+        return False
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the group (uvicorn shuts down gracefully), SIGKILL it after the timeout."""

@@ -199,7 +199,8 @@ def _run(
               for role, (url, child) in workers.items()]  # fmt: skip
     waits.append((f"{gateway_url}/health", gateway, "the gateway", 60.0))
     for url, child, what, timeout_s in waits:
-        _wait_http(url, child, what, stop=stop, timeout_s=timeout_s, say=say)
+        say(f"goodput demo: waiting for {what} ({url})")
+        child.wait_http(url, what, stop=stop, timeout_s=timeout_s, every_s=0.5)
     if stop.is_set():
         return 0
     watch = f"{cp_url}/api/v1/goodput?window={options.window}"
@@ -327,23 +328,3 @@ def _line(client: Any, window: str, elapsed_s: float, counts: dict[str, int]) ->
         f"  {'-' if burn is None else f'{burn:.2f}':>6}"
         f"  {ms(stats['ttft']['p99_s']):>8}  {ms(stats['itl']['p99_s']):>8}{tail}"
     )
-
-
-def _wait_http(
-    url: str, child: ChildProcess, what: str, *, stop: threading.Event, timeout_s: float, say: Say
-) -> None:
-    import httpx
-
-    say(f"goodput demo: waiting for {what} ({url})")
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        if not child.alive():
-            raise DemoError(f"{what} exited (log {child.log_path}):\n{child.log_tail()}")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise DemoError(f"{what} was not ready within {timeout_s:g} s (log {child.log_path})")
-        stop.wait(0.5)

@@ -41,6 +41,7 @@ __all__ = [
     "deliver",
     "get_command",
     "issue",
+    "issue_automatic",
     "issue_for_move",
     "list_commands",
     "to_wire",
@@ -281,6 +282,37 @@ async def issue_for_move(
     evidence and predicted effect beside it; audited as ``command.issue`` like any other.
     The version is one above the highest issued for ``(target, kind)``."""
     version = await _next_version(session, target, kind.value)
+    return await issue_automatic(
+        session,
+        target=target,
+        kind=kind,
+        payload=payload,
+        version=version,
+        evidence=evidence,
+        predicted_effect=predicted_effect,
+        move_id=move_id,
+        actor=actor,
+        now=now,
+        ttl_s=ttl_s,
+    )
+
+
+async def issue_automatic(
+    session: AsyncSession,
+    *,
+    target: str,
+    kind: CommandKind,
+    payload: dict[str, Any],
+    version: int,
+    evidence: dict[str, Any],
+    actor: str,
+    now: datetime,
+    ttl_s: float,
+    predicted_effect: dict[str, Any] | None = None,
+    move_id: uuid.UUID | None = None,
+) -> Command:
+    """Store one command a control loop decided (admission policy, role move) at
+    ``version``, with its evidence and predicted effect; audited as ``command.issue``."""
     wire = WireCommand.new(kind, target, payload, version=version, now_ns=_ns(now), ttl_s=ttl_s)
     command = Command(
         id=uuid.UUID(wire.id),

@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 from goodput._demo_processes import ChildProcess, pick_port, run_cli
+from tests.e2e.stack_client import StackClient
 
 HOST = "127.0.0.1"
 MODEL = "llama-3.1-8b"
@@ -46,34 +47,13 @@ class GatewaySpec:
 
 
 @dataclass
-class ControlStack:
+class ControlStack(StackClient):
     directory: Path
     cp_url: str
     gateways: dict[str, str]
     workers: dict[str, str]  # member id (host:port) -> URL
     keys: dict[str, str]
     children: list[ChildProcess] = field(default_factory=list)
-
-    def headers(self, role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[role]}"}
-
-    def get(self, path: str, role: str = "viewer", **params: Any) -> Any:
-        response = httpx.get(
-            f"{self.cp_url}{path}", params=params, headers=self.headers(role), timeout=10
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def post(self, path: str, body: dict[str, Any], role: str = "operator") -> Any:
-        response = httpx.post(
-            f"{self.cp_url}{path}", json=body, headers=self.headers(role), timeout=10
-        )
-        assert response.status_code in (200, 201), response.text
-        return response.json()
-
-    def check_alive(self) -> None:
-        for child in self.children:
-            assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
 
     def eventually(
         self, check: Callable[[], Any], what: str, timeout_s: float = 30.0, every_s: float = 0.25
@@ -87,19 +67,6 @@ class ControlStack:
             self.check_alive()
             assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
             time.sleep(every_s)
-
-
-def _wait(url: str, child: ChildProcess, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"{url} not ready in {timeout_s:g} s"
-        time.sleep(0.2)
 
 
 @contextmanager
@@ -163,7 +130,7 @@ def control_stack(
             ], env)  # fmt: skip
             waits.append((f"{gateway_urls[spec.gateway_id]}/health", child))
         for url, child in waits:
-            _wait(url, child)
+            child.wait_http(url, url, timeout_s=90.0)
         yield ControlStack(directory, cp_url, gateway_urls, workers, keys, children)
     finally:
         for child in reversed(children):

@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from goodput._demo_processes import ChildProcess, pick_port, run_cli
+from tests.e2e.stack_client import StackClient
 
 HOST = "127.0.0.1"
 MODEL = "llama-3.1-8b"
@@ -34,47 +32,13 @@ SIM_CONFIG = "jitter=0,max_seqs=12"
 
 
 @dataclass
-class SimStack:
+class SimStack(StackClient):
     directory: Path
     cp_url: str
     gateway_url: str
     workers: dict[str, str]
     keys: dict[str, str]
     children: list[ChildProcess] = field(default_factory=list)
-
-    def headers(self, role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[role]}"}
-
-    def get(self, path: str, role: str = "viewer", **params: Any) -> Any:
-        response = httpx.get(
-            f"{self.cp_url}{path}", params=params, headers=self.headers(role), timeout=10
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def post(self, path: str, body: dict[str, Any], role: str = "operator") -> Any:
-        response = httpx.post(
-            f"{self.cp_url}{path}", json=body, headers=self.headers(role), timeout=10
-        )
-        assert response.status_code in (200, 201), response.text
-        return response.json()
-
-    def check_alive(self) -> None:
-        for child in self.children:
-            assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
-
-
-def _wait(url: str, child: ChildProcess, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert child.alive(), f"{child.log_path} exited:\n{child.log_tail()}"
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"{url} not ready in {timeout_s:g} s"
-        time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -125,7 +89,7 @@ def running_stack(directory: Path) -> Iterator[SimStack]:
         ])  # fmt: skip
         waits.append((f"{gateway_url}/health", gateway))
         for url, child in waits:
-            _wait(url, child)
+            child.wait_http(url, url, timeout_s=90.0)
         yield SimStack(directory, cp_url, gateway_url, workers, keys, children)
     finally:
         for child in reversed(children):
