@@ -2,7 +2,8 @@
 
     goodput worker --engine vllm --model DIR --role prefill|decode|both --port P
                    [--control-plane URL --agent-key KEY [--ingest-key KEY]]
-                   [--kv-dir DIR] [--cpu N] [--device cpu|cuda] [--print-plan]
+                   [--kv-dir DIR] [--cpu N] [--device cpu|cuda] [--nice N] [--sched-idle]
+                   [--print-plan]
 
 Registered on the ``goodput`` typer app by :func:`register`. SIGINT/SIGTERM stop the worker
 and its server. ``--print-plan`` prints the command line and the environment variables it
@@ -91,6 +92,13 @@ def worker(
             "not starve a gateway or client on the same cores",
         ),
     ] = 0,
+    sched_idle: Annotated[
+        bool,
+        typer.Option(
+            help="once ready, run vLLM under SCHED_IDLE (Linux): a gateway or client that "
+            "wakes on its core runs at once"
+        ),
+    ] = False,
     print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,
 ) -> None:
     """Start and supervise one vLLM server (restarts, KV folder GC, control-plane agent).
@@ -133,6 +141,7 @@ def worker(
             enforce_eager=not compile_model,
             engine_env=engine_env,
             nice=nice,
+            sched_idle=sched_idle,
         )
         policy = KVFolderPolicy(max_age_s=kv_max_age_s, max_bytes=kv_max_bytes)
         agent = None
@@ -150,7 +159,8 @@ def worker(
         raise typer.Exit(code=2) from None
     if print_plan:
         plan = build_launch(spec, run_dir=run_dir or Path("RUN_DIR"), base_env={})
-        typer.echo(json.dumps({"argv": plan.argv, "env": plan.env, "nice": nice}, indent=2))
+        shown = {"argv": plan.argv, "env": plan.env, "nice": nice, "sched_idle": sched_idle}
+        typer.echo(json.dumps(shown, indent=2))
         return
     if not (model / "config.json").is_file():
         typer.echo(f"error: --model {model} has no config.json", err=True)

@@ -82,7 +82,8 @@ class VllmSpec:
     appended to its command line. ``nice`` (0..19) runs the server, once ready, at a lower
     CPU priority (its niceness and, on Linux, its session's autogroup:
     :mod:`serving.workers.priority`), so that an engine sharing cores with the gateway and
-    clients does not delay them.
+    clients does not delay them; ``sched_idle`` also puts it under ``SCHED_IDLE`` (Linux), so
+    that any other task that wakes on its core runs at once instead of after its slice.
     """
 
     model: Path
@@ -101,6 +102,7 @@ class VllmSpec:
     engine_env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     nice: int = 0
+    sched_idle: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", _device(self.device))

@@ -143,18 +143,19 @@ class VllmServer:
         return ok
 
     def _settle(self) -> None:
-        """Once ready: the whole group to ``spec.nice`` (start-up ran at normal priority,
-        so a busy machine does not stretch it)."""
+        """Once ready: the whole group to ``spec.nice`` and ``spec.sched_idle`` (start-up
+        ran at normal priority, so a busy machine does not stretch it)."""
         self._settled = True
-        if self.spec.nice and self._process is not None:
+        spec = self.spec
+        if (spec.nice or spec.sched_idle) and self._process is not None:
             try:
-                changed = lower_priority(self._process.pid, self.spec.nice)
+                changed = lower_priority(self._process.pid, spec.nice, sched_idle=spec.sched_idle)
             except OSError as exc:
                 logger.warning("could not lower vLLM's priority on %s: %s", self.url, exc)
             else:
                 logger.info(
-                    "vLLM on %s now runs at niceness %d (%d threads)", self.url, self.spec.nice,
-                    changed,
+                    "vLLM on %s now runs at niceness %d%s (%d threads)", self.url, spec.nice,
+                    ", SCHED_IDLE" if spec.sched_idle else "", changed,
                 )  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:

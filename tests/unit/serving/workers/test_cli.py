@@ -45,6 +45,13 @@ def test_nice_is_in_the_plan_and_bounded() -> None:
     assert refused.exit_code == 2 and "--nice" in refused.output
 
 
+def test_sched_idle_is_in_the_plan_and_off_by_default() -> None:
+    argv = ["worker", "--model", "/m", "--port", "8101", "--print-plan"]
+
+    assert json.loads(runner.invoke(app, argv).stdout)["sched_idle"] is False
+    assert json.loads(runner.invoke(app, [*argv, "--sched-idle"]).stdout)["sched_idle"] is True
+
+
 def test_unknown_engine_is_refused() -> None:
     result = runner.invoke(app, ["worker", "--model", "/m", "--port", "1", "--engine", "sglang"])
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from serving.workers._exec_child import main
-from serving.workers.priority import lower_priority
+from serving.workers.priority import group_affinity, lower_priority, pin_group
 
 REPO = Path(__file__).parents[4]
 # A process with a second thread and a child process, all in one new session.
@@ -25,21 +25,27 @@ FAMILY = (
 )
 
 
-def nices(pgid: int) -> list[int]:
-    """The niceness of every thread of every process in group ``pgid``."""
+def threads(pgid: int) -> list[int]:
+    """Every thread of every process in group ``pgid``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
-                continue
-            found += [os.getpriority(os.PRIO_PROCESS, int(t.name))
-                      for t in (entry / "task").iterdir()]  # fmt: skip
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                found += [int(t.name) for t in (entry / "task").iterdir()]
         except (OSError, ValueError):
             continue
     return found
+
+
+def nices(pgid: int) -> list[int]:
+    return [os.getpriority(os.PRIO_PROCESS, tid) for tid in threads(pgid)]
+
+
+def policies(pgid: int) -> set[int]:
+    return {os.sched_getscheduler(tid) for tid in threads(pgid)}
 
 
 @pytest.fixture
@@ -70,6 +76,33 @@ def test_lower_priority_reaches_every_thread_and_the_sessions_autogroup(
     if group.exists():  # Linux with autogroups: the family leads its own session
         assert group.read_text().split()[-1] == "10"
     assert lower_priority(family.pid, 5) == 0  # never raised back
+
+
+def test_sched_idle_reaches_every_thread_and_only_when_asked(
+    family: subprocess.Popen[str],
+) -> None:
+    lower_priority(family.pid, 10)
+    assert policies(family.pid) == {os.SCHED_OTHER}
+
+    changed = lower_priority(family.pid, 10, sched_idle=True)
+
+    assert changed >= 3  # main thread, its sleeper, the child: niceness already 10
+    assert policies(family.pid) == {os.SCHED_IDLE}
+    assert lower_priority(family.pid, 10, sched_idle=True) == 0
+
+
+def test_pin_group_moves_every_thread_and_puts_each_back(
+    family: subprocess.Popen[str],
+) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    saved = group_affinity(family.pid)
+    assert set(saved) == set(threads(family.pid))
+
+    assert pin_group(family.pid, {cpus[-1]}) == len(saved)
+    assert all(os.sched_getaffinity(tid) == {cpus[-1]} for tid in threads(family.pid))
+
+    pin_group(family.pid, saved)
+    assert group_affinity(family.pid) == saved
 
 
 def test_lower_priority_refuses_a_niceness_out_of_range() -> None:
