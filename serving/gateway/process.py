@@ -2,7 +2,10 @@
 
 The gateway runs in its own session (process group), its output appended to ``log_path``;
 :meth:`GatewayProcess.stop` sends SIGTERM (uvicorn shuts down gracefully and the exporter
-flushes its records), then SIGKILL to the whole group after the timeout.
+flushes its records), then SIGKILL to the whole group after the timeout. With
+``die_with_parent`` (default) it also gets SIGTERM when the thread that started it ends —
+a test run or demo killed outright leaves no gateway behind (Linux; the exec wrapper of
+:mod:`serving.workers._exec_child`).
 
 Example::
 
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from serving.workers.config import EXEC_CHILD_MODULE
+
 __all__ = ["GatewayProcess", "free_port"]
 
 
@@ -48,11 +53,13 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         port: int | None = None,
         env: Mapping[str, str] | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.argv = [sys.executable, "-m", "goodput", "gateway", "--host", host,
-                     "--port", str(self.port), *args]  # fmt: skip
+        wrapper = ["-m", EXEC_CHILD_MODULE, "--parent", str(os.getpid()), "--", sys.executable]
+        self.argv = [sys.executable, *(wrapper if die_with_parent else []), "-m", "goodput",
+                     "gateway", "--host", host, "--port", str(self.port), *args]  # fmt: skip
         self.log_path = log_path
         self.env = dict(env if env is not None else os.environ)
         self.process: subprocess.Popen[bytes] | None = None
