@@ -12,7 +12,11 @@ direct path's, per metric.
 
 vLLM runs at niceness ``--engine-nice`` (default 10, as in the e2e tests and the demo): on
 a 2-core machine a busy engine otherwise delays the gateway and this client, and the
-difference measured is then the scheduler's, not the gateway's (docs/serving.md).
+difference measured is then the scheduler's, not the gateway's (docs/serving.md). With
+``--placement split`` (the default on two cores or more) vLLM also runs on the last core
+alone and the gateway and this client on the first, as a deployment gives its gateways
+hosts of their own (the cross-check's placement, docs/gateway.md); ``shared`` lets all
+three float.
 
 ``--upstream stub`` replaces vLLM with a stub OpenAI server (this file run with
 ``--serve-stub PORT``: a 30 ms "prefill", then one token every 3 ms), which isolates what the
@@ -23,6 +27,7 @@ Last line: ``{"ttft_added_ms_p50", "ttft_added_ms_p99", "itl_added_ms_p50",
 Goal (issue 4): ≤ 2 ms TTFT and ≤ 0.3 ms ITL at p50.
 
     python benchmarks/gateway_overhead.py [--quick] [--upstream vllm|stub] [--engine-nice N]
+                                          [--placement split|shared]
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from exporters.recorder import RequestRecorder  # noqa: E402
 from exporters.records import Labels, RecordBatch, RequestRecord, Status, Vantage  # noqa: E402
 from exporters.sinks import InMemorySink  # noqa: E402
 from serving.bench.runner import stream_request  # noqa: E402
+from serving.workers.priority import pin_group  # noqa: E402
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
 
@@ -171,8 +177,11 @@ def percentiles(records: list[RequestRecord]) -> dict[str, float]:
     }
 
 
-def start_upstream(kind: str, tmp: Path, nice: int = 0) -> tuple[str, Callable[[], None]]:
-    """Start the upstream (vLLM with the tiny model, or the stub); its URL and its stop."""
+def start_upstream(
+    kind: str, tmp: Path, nice: int = 0, cpus: set[int] | None = None
+) -> tuple[str, Callable[[], None]]:
+    """Start the upstream (vLLM with the tiny model, or the stub), on ``cpus`` when given;
+    its URL and its stop."""
     port = free_port()
     if kind == "stub":
         stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(port)])
@@ -190,7 +199,7 @@ def start_upstream(kind: str, tmp: Path, nice: int = 0) -> tuple[str, Callable[[
     spec = VllmSpec(
         model=build_tiny_model(default_model_dir()),
         port=port,
-        cpu=0,
+        cpu=min(cpus) if cpus else 0,
         served_model_name="tiny",
         nice=nice,
     )
@@ -198,10 +207,21 @@ def start_upstream(kind: str, tmp: Path, nice: int = 0) -> tuple[str, Callable[[
     server.start()
     try:
         server.wait_ready(timeout_s=300)
+        if cpus and server.pid is not None:
+            pin_group(server.pid, cpus)
     except BaseException:
         server.stop()
         raise
     return spec.url, server.stop
+
+
+def split_cores(placement: str) -> tuple[set[int] | None, set[int] | None]:
+    """(front, back): the first core for the gateway and this client, the last for the
+    engine; (None, None) to let everything float."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if placement == "shared" or len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, {cpus[-1]}
 
 
 def main() -> None:
@@ -212,6 +232,7 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=None)
     parser.add_argument("--upstream", choices=("vllm", "stub"), default="vllm")
     parser.add_argument("--engine-nice", type=int, default=10, choices=range(20), metavar="0..19")
+    parser.add_argument("--placement", choices=("split", "shared"), default="split")
     parser.add_argument("--serve-stub", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_stub:
@@ -222,18 +243,25 @@ def main() -> None:
     pairs = args.pairs or (20 if args.quick else 100)
     output_tokens = args.output_tokens or (32 if args.quick else 64)
 
+    front, back = split_cores(args.placement)
     with tempfile.TemporaryDirectory(prefix="goodput-gw-bench-") as tmp:
-        upstream_url, stop_upstream = start_upstream(args.upstream, Path(tmp), args.engine_nice)
+        upstream_url, stop_upstream = start_upstream(
+            args.upstream, Path(tmp), args.engine_nice, back
+        )
         gateway_port = free_port()
         gateway: subprocess.Popen[bytes] | None = None
         try:
             gateway = subprocess.Popen(
                 [sys.executable, "-m", "goodput", "gateway", "--port", str(gateway_port),
                  "--colocated", upstream_url, "--log-level", "WARNING"],
-                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
             )  # fmt: skip
             gateway_url = f"http://127.0.0.1:{gateway_port}"
             wait_http(gateway_url + "/health", 60.0, gateway)
+            if front:
+                pin_group(gateway.pid, front)
+                for task in Path("/proc/self/task").iterdir():  # this client's threads
+                    os.sched_setaffinity(int(task.name), front)
             records = asyncio.run(
                 measure(upstream_url, gateway_url, "tiny", pairs, args.prompt_words, output_tokens)
             )
@@ -254,6 +282,7 @@ def main() -> None:
         "output_tokens": output_tokens,
         "upstream": args.upstream,
         "engine_nice": args.engine_nice if args.upstream == "vllm" else None,
+        "placement": "split" if front else "shared",
     }
     print(json.dumps(result))
 

@@ -7,7 +7,8 @@
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
   on core 0 and decode on core 1, at niceness ``ENGINE_NICE`` and ``SCHED_IDLE``, sharing
   one KV folder (ExampleConnector, ``kv_both``), each running the stat-logger plugin
-  (records to ``control_plane``) and an agent registered with it. Started once per session; stopped at its end, with no process left behind.
+  (records to ``control_plane``) and an agent registered with it. Started once per
+  session; stopped at its end, with no process left behind.
 
 This machine runs at most two vLLM instances at once: every test that needs vLLM uses
 ``pd_pair``'s two, and a test that kills one waits for its restart before it ends.
