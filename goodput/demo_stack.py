@@ -183,7 +183,7 @@ def _run(
             "--role", role, "--cpu", str(core), "--kv-dir", str(kv_dir),
             "--served-model-name", SERVED_MODEL, "--control-plane", cp_url,
             "--agent-key", keys.agent, "--ingest-key", keys.ingest,
-            "--run-dir", str(directory / f"{role}-run"),
+            "--run-dir", str(directory / f"{role}-run"), "--nice", "10", "--sched-idle",
         ]))  # fmt: skip
     gw_port = pick_port(host, 0)
     gateway_url = f"http://{host}:{gw_port}"
