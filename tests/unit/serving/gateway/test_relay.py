@@ -378,25 +378,43 @@ async def test_a_non_streaming_answer_that_breaks_is_a_502(pd: Harness) -> None:
     assert pd.record().status == Status.ERROR
 
 
-async def test_tokens_are_recorded_when_written_to_the_client() -> None:
-    # A client connection that takes 20 ms per write: a token's time is when it left for
-    # the client (what a client's TTFT and ITL are made of), not when the upstream sent it.
-    harness = Harness(GatewayConfig(colocated=(D1,)), FakeUpstreams(D1))
+async def stream_slowly(
+    harness: Harness, max_tokens: int, *, write_s: float = 0.0, body_delay_s: float = 0.0
+) -> httpx.Response:
+    """One streamed completion through ``harness``'s app over a slow connection: each body
+    write to the client takes ``write_s``; the request's body arrives ``body_delay_s`` after
+    its headers."""
     app = harness.app
-    write_s = 0.02
 
-    async def slow_client(scope: Any, receive: Any, send: Any) -> None:
+    async def slow_connection(scope: Any, receive: Any, send: Any) -> None:
+        async def late_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                await asyncio.sleep(body_delay_s)
+            return message
+
         async def slow_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.body" and message.get("body"):
                 await asyncio.sleep(write_s)
             await send(message)
 
-        await app(scope, receive, slow_send)
+        await app(scope, late_receive, slow_send)
 
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(slow_client), base_url="http://gw")
+    transport = httpx.ASGITransport(slow_connection)
+    client = httpx.AsyncClient(transport=transport, base_url="http://gw")
     async with app.router.lifespan_context(app), client:
-        response = await client.post("/v1/completions", json={
-            "model": "m", "prompt": "hi", "max_tokens": 4, "stream": True})  # fmt: skip
+        return await client.post("/v1/completions", json={
+            "model": "m", "prompt": "hi", "max_tokens": max_tokens, "stream": True})  # fmt: skip
+
+
+async def test_tokens_are_recorded_when_written_to_the_client() -> None:
+    # A client connection that takes 20 ms per write: a token's time is when it left for
+    # the client (what a client's TTFT and ITL are made of), not when the upstream sent it.
+    harness = Harness(GatewayConfig(colocated=(D1,)), FakeUpstreams(D1))
+    write_s = 0.02
+
+    response = await stream_slowly(harness, 4, write_s=write_s)
+
     assert response.status_code == 200
     record = harness.record()
     assert record.output_tokens == 4
@@ -409,21 +427,9 @@ async def test_a_request_arrives_when_its_headers_do_not_when_its_body_is_read()
     # A body that trickles in 30 ms after the headers: the client's clock already runs, so
     # the gateway's TTFT counts that wait too.
     harness = Harness(GatewayConfig(colocated=(D1,)), FakeUpstreams(D1))
-    app = harness.app
     body_delay_s = 0.03
 
-    async def slow_body(scope: Any, receive: Any, send: Any) -> None:
-        async def late_receive() -> Any:
-            message = await receive()
-            if message["type"] == "http.request":
-                await asyncio.sleep(body_delay_s)
-            return message
+    response = await stream_slowly(harness, 2, body_delay_s=body_delay_s)
 
-        await app(scope, late_receive, send)
-
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(slow_body), base_url="http://gw")
-    async with app.router.lifespan_context(app), client:
-        response = await client.post("/v1/completions", json={
-            "model": "m", "prompt": "hi", "max_tokens": 2, "stream": True})  # fmt: skip
     assert response.status_code == 200
     assert harness.record().emission_offsets_us[0] / 1e6 >= body_delay_s
