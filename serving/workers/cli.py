@@ -95,8 +95,8 @@ def worker(
     sched_idle: Annotated[
         bool,
         typer.Option(
-            help="once ready, run vLLM under SCHED_IDLE (Linux): a gateway or client that "
-            "wakes on its core runs at once"
+            help="once ready, also run vLLM under SCHED_IDLE (Linux): shorter waits for a "
+            "gateway or client on its cores"
         ),
     ] = False,
     print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,

@@ -82,8 +82,8 @@ class VllmSpec:
     appended to its command line. ``nice`` (0..19) runs the server, once ready, at a lower
     CPU priority (its niceness and, on Linux, its session's autogroup:
     :mod:`serving.workers.priority`), so that an engine sharing cores with the gateway and
-    clients does not delay them; ``sched_idle`` also puts it under ``SCHED_IDLE`` (Linux), so
-    that any other task that wakes on its core runs at once instead of after its slice.
+    clients does not delay them; ``sched_idle`` also puts it under ``SCHED_IDLE`` (Linux),
+    which shortens their waits further (not to zero across sessions: docs/serving.md).
     """
 
     model: Path

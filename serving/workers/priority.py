@@ -63,19 +63,16 @@ def lower_priority(pgid: int, nice: int, *, sched_idle: bool = False) -> int:
                 return 1
         return 0
     changed = 0
-    for pid in _group_members(pgid):
+    for tid in _group_threads(pgid):
         with contextlib.suppress(OSError):
-            for task in (_PROC / str(pid) / "task").iterdir():
-                with contextlib.suppress(OSError):
-                    tid = int(task.name)
-                    lowered = False
-                    if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                        os.setpriority(os.PRIO_PROCESS, tid, nice)
-                        lowered = True
-                    if sched_idle and os.sched_getscheduler(tid) != os.SCHED_IDLE:
-                        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-                        lowered = True
-                    changed += lowered
+            lowered = False
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                lowered = True
+            if sched_idle and os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                lowered = True
+            changed += lowered
     with contextlib.suppress(OSError):
         if os.getsid(pgid) == pgid:  # its own session: the autogroup is the group's alone
             _set_autogroup(pgid, nice)
