@@ -95,13 +95,26 @@ async def _store(session: AsyncSession, command: Command, *, actor: str, now: da
     transaction."""
     session.add(command)
     await session.flush()
+    await _audit(session, command, "command.issue", before=None, actor=actor, now=now)
+
+
+async def _audit(
+    session: AsyncSession,
+    command: Command,
+    action: str,
+    *,
+    before: dict[str, Any] | None,
+    actor: str,
+    now: datetime,
+) -> None:
+    """Audit ``action`` on ``command`` (its snapshot before and now)."""
     await audit.record(
         session,
         actor=actor,
-        action="command.issue",
+        action=action,
         target_type="command",
         target_id=str(command.id),
-        before=None,
+        before=before,
         after=_snapshot(command),
         now=now,
     )
@@ -243,16 +256,7 @@ async def acknowledge(
     command.acked_at = now
     command.observed_effect = {**(command.observed_effect or {}), "ack": ack.to_json()}
     await session.flush()
-    await audit.record(
-        session,
-        actor=actor,
-        action="command.ack",
-        target_type="command",
-        target_id=str(command.id),
-        before=before,
-        after=_snapshot(command),
-        now=now,
-    )
+    await _audit(session, command, "command.ack", before=before, actor=actor, now=now)
     return command
 
 

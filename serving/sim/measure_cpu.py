@@ -262,8 +262,7 @@ async def _measure_grid(
     on_round: Callable[[list[StepRow], list[dict[str, Any]], int], None],
 ) -> tuple[list[StepRow], list[dict[str, Any]]]:
     rng = random.Random(options.seed)
-    samples: dict[Config, list[tuple[int, float]]] = defaultdict(list)
-    raw: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []  # every sample; the rows are derived from it
     prefill = [
         (k, length)
         for length in options.prefill_lengths
@@ -290,7 +289,6 @@ async def _measure_grid(
                 if phase == "prefill":
                     prompts = [_ids(rng, b, vocab) for _ in range(a)]
                     seconds = await _time_prefill(client, prompts)
-                    samples[("prefill", a, a * b, a * b * b, b)].append((0, seconds))
                     raw.append({"phase": phase, "batch": a, "tokens": b, "call_s": seconds})
                     continue
                 # The same prompt lengths twice (fresh ids: no prefix-cache hit), short
@@ -314,13 +312,10 @@ async def _measure_grid(
                     "phase": phase, "batch": a, "tokens": b, "engine_step_s": step,
                     "client_step_s": None if client_step is None else client_step[1],
                 })  # fmt: skip
-                if step is not None and client_step is not None:
-                    context = a * (b + (short + long) // 2)
-                    samples[("decode", a, a, 0, b)].append((context, step))
             say(f"round {round_ + 1}/{options.repeats}: {len(jobs)} configurations in "
                 f"{time.perf_counter() - started:.1f} s")  # fmt: skip
-            on_round(median_rows(samples), raw, round_ + 1)
-    return median_rows(samples), raw
+            on_round(rows_from_samples(raw, short, long), raw, round_ + 1)
+    return rows_from_samples(raw, short, long), raw
 
 
 def _source_note(
