@@ -14,7 +14,15 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from exporters._wire_schema import RECORD_COLUMNS, BatchHeader, WireError, require_map
+from exporters._wire_schema import (
+    MAX_EMISSIONS,
+    MAX_RECORDS,
+    RECORD_COLUMNS,
+    BatchHeader,
+    WireError,
+    require_map,
+    shown,
+)
 from exporters.records import LABEL_KEYS, NUM_PHASES, LabelColumn, RecordBatch
 
 I64 = npt.NDArray[np.int64]
@@ -122,10 +130,10 @@ def pack_body(header: BatchHeader, batch: RecordBatch) -> bytes:
     return packed
 
 
-def _count(body: dict[str, Any], name: str) -> int:
+def _count(body: dict[str, Any], name: str, maximum: int) -> int:
     value = body[name]
-    if type(value) is not int or value < 0:
-        raise WireError(name, f"must be an integer >= 0, got {value!r}")
+    if type(value) is not int or not 0 <= value <= maximum:
+        raise WireError(name, f"must be an integer in [0, {maximum}], got {shown(value)}")
     return value
 
 
@@ -190,7 +198,8 @@ def unpack_body(body_bytes: bytes) -> tuple[BatchHeader, RecordBatch]:
     """Parse and shape-check a body; the caller runs :func:`check_batch` on the result."""
     body = require_map(unpack(body_bytes, "body"), "body", BODY_FIELDS, top_level=True)
     header = BatchHeader(body["exporter_id"], body["seq"], body["sent_time_ns"])
-    n, m = _count(body, "num_records"), _count(body, "num_emissions")
+    n = _count(body, "num_records", MAX_RECORDS)
+    m = _count(body, "num_emissions", MAX_EMISSIONS)
     request_ids = _strings(body["request_ids"], "request_ids", n)
     columns = {
         name: _array(body[name], name, wire, n, RECORD_COLUMNS[name])
@@ -207,6 +216,9 @@ def unpack_body(body_bytes: bytes) -> tuple[BatchHeader, RecordBatch]:
     np.cumsum(counts, out=starts[1:])
     if int(starts[-1]) != m:
         raise WireError("emission_counts", f"sum to {int(starts[-1])}, num_emissions is {m}")
+    # The deltas' bytes are checked against m before anything of size m is allocated: a
+    # count the body does not carry can never size an array.
+    offsets = _offsets(body, starts, counts, m)
     tokens_value = body["emission_tokens"]
     tokens = (
         np.ones(m, dtype=np.int32)
@@ -220,7 +232,7 @@ def unpack_body(body_bytes: bytes) -> tuple[BatchHeader, RecordBatch]:
         final=final_bytes.astype(np.bool_),
         phase_offsets_us=phases.reshape(n, NUM_PHASES),
         emission_starts=starts,
-        emission_offsets_us=_offsets(body, starts, counts, m),
+        emission_offsets_us=offsets,
         emission_tokens=tokens,
         **columns,
     )

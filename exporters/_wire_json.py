@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from exporters._wire_schema import INT64_MAX, BatchHeader, WireError, check_version, require_map
+from exporters._wire_schema import (
+    INT64_MAX,
+    MAX_EMISSIONS,
+    BatchHeader,
+    WireError,
+    check_version,
+    require_map,
+)
 from exporters.records import (
     LABEL_KEYS,
     LabelColumn,
@@ -160,6 +167,8 @@ def from_json(obj: Any, max_records: int) -> tuple[BatchHeader, RecordBatch]:
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     m = int(starts[-1])
+    if m > MAX_EMISSIONS:
+        raise WireError("emission_offsets_us", f"{m} emissions exceed {MAX_EMISSIONS}")
     if obj["emission_tokens"] is None:
         tokens = np.ones(m, dtype=np.int32)
     else:

@@ -18,6 +18,9 @@ WIRE_VERSION: int = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
 MAX_EXPORTER_ID_CHARS = 256
 INT64_MAX = 2**63 - 1
+#: Documented maxima of one batch (docs/wire.md), checked before anything is allocated.
+MAX_RECORDS = 100_000
+MAX_EMISSIONS = 1 << 24
 
 # Columns with one value per record: name -> the dtype RecordBatch holds (native endian).
 RECORD_COLUMNS: dict[str, type[np.generic]] = {
@@ -73,13 +76,19 @@ class BatchHeader:
             raise WireError(
                 "exporter_id",
                 f"must be a non-empty string of at most {MAX_EXPORTER_ID_CHARS} characters, "
-                f"got {eid!r}",
+                f"got {shown(eid)}",
             )
         for name in ("seq", "sent_time_ns"):
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value <= INT64_MAX:
-                raise WireError(name, f"must be an integer in [0, 2**63 - 1], got {value!r}")
+                raise WireError(name, f"must be an integer in [0, 2**63 - 1], got {shown(value)}")
         check_version(self.version)
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error never echoes a large input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
 def check_version(version: object) -> int:
@@ -87,7 +96,8 @@ def check_version(version: object) -> int:
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise WireError(
             "v",
-            f"unsupported wire version {version!r}; supported versions: {list(SUPPORTED_VERSIONS)}",
+            f"unsupported wire version {shown(version)}; "
+            f"supported versions: {list(SUPPORTED_VERSIONS)}",
         )
     return version
 

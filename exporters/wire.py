@@ -36,6 +36,8 @@ import msgpack
 from exporters._wire_binary import pack_body, unpack, unpack_body
 from exporters._wire_json import from_json, to_json
 from exporters._wire_schema import (
+    MAX_EMISSIONS,
+    MAX_RECORDS,
     SUPPORTED_VERSIONS,
     WIRE_VERSION,
     BatchHeader,
@@ -51,6 +53,8 @@ __all__ = [
     "CONTENT_TYPE_JSON",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_MAX_RECORDS",
+    "MAX_EMISSIONS",
+    "MAX_RECORDS",
     "SUPPORTED_VERSIONS",
     "WIRE_VERSION",
     "BatchHeader",
@@ -66,7 +70,7 @@ CONTENT_TYPE_BINARY = "application/vnd.goodput.batch+msgpack"
 CONTENT_TYPE_JSON = "application/json"
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 # A parsed JSON object is already in memory; this bounds the arrays built from it.
-DEFAULT_MAX_RECORDS = 100_000
+DEFAULT_MAX_RECORDS = MAX_RECORDS
 ENVELOPE_FIELDS: tuple[str, ...] = ("v", "crc32", "body")
 
 

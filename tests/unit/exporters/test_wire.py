@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from exporters.records import (
@@ -313,6 +314,10 @@ def test_any_flipped_byte_is_refused(data: st.DataObject) -> None:
     encoded = bytearray(encode())
     position = data.draw(st.integers(0, len(encoded) - 1))
     encoded[position] ^= data.draw(st.integers(1, 255))
+    try:  # 0xce (uint32) -> 0xd2 (int32) re-types the CRC without changing its value
+        assume(msgpack.unpackb(bytes(encoded)) != msgpack.unpackb(encode()))
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        pass
     with pytest.raises(WireError):
         decode_batch(bytes(encoded))
 
@@ -390,7 +395,11 @@ def set_field(name: str, value: Any) -> Callable[[dict[str, Any]], None]:
             set_field("phase_offsets_us", b""),
             "phase_offsets_us: expected 18 x int64 (144 bytes), got 0 bytes",
         ),
-        (set_field("num_records", -1), "num_records: must be an integer >= 0, got -1"),
+        (set_field("num_records", -1), "num_records: must be an integer in [0, 100000], got -1"),
+        (
+            set_field("num_emissions", 2**24 + 1),
+            f"num_emissions: must be an integer in [0, {2**24}], got {2**24 + 1}",
+        ),
         (set_field("seq", -1), "seq: must be an integer in [0, 2**63 - 1], got -1"),
         (
             set_field("exporter_id", ""),
@@ -444,6 +453,33 @@ def test_out_of_range_dictionary_codes_are_refused() -> None:
     assert content_error(short_reason_codes) == (
         "reason.codes: expected 3 x uint32 (12 bytes), got 4 bytes"
     )
+
+
+def test_declared_emission_counts_never_size_an_allocation() -> None:
+    """Regression: a 608-byte body whose ``emission_counts`` claimed 2**32 - 1 emissions per
+    record (and ``emission_tokens`` nil) made the decoder allocate ``np.ones`` of that many
+    int32 before it looked at the deltas' length: 1 GB for one request."""
+    huge = 2**24  # the documented maximum: 16 Mi int32 would be 64 MiB
+
+    def lie(body: dict[str, Any]) -> None:
+        counts = np.zeros(3, "<u4")
+        counts[0] = huge
+        body["emission_counts"] = counts.tobytes()
+        body["num_emissions"] = huge
+        body["emission_tokens"] = None
+
+    data = reframe(encode(), lie)
+    assert len(data) < 1000
+    tracemalloc.start()
+    try:
+        message = decode_error(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message == (
+        f"emission_deltas_us: expected {huge} x uint32 ({4 * huge} bytes), got 20 bytes"
+    )
+    assert peak < 64 * len(data) + 200_000, peak
 
 
 def test_int64_deltas_are_checked_for_sign_and_overflow() -> None:
