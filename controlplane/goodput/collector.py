@@ -19,6 +19,8 @@ or ``compliance``), with the PromQL that reads them:
 * ``goodput_error_budget_remaining_ratio{slo}`` over the compliance window (may be < 0).
 * ``goodput_availability_ratio{slo,window}`` = admitted / (admitted + rejected).
 * ``goodput_requests_in_flight{slo}``: requests with a partial record and no final one.
+* ``goodput_slo_threshold_seconds{slo,objective,metric,vantage}``: each objective's
+  threshold, so dashboards draw it next to the percentiles (``dashboards/``).
 * ``goodput_{ttft,tpot,itl,e2el}_seconds{slo}`` (histograms of successful requests, ITL
   over every gap; buckets ``exporters.buckets.LATENCY_BUCKETS_S``):
   ``histogram_quantile(0.99, sum by (slo, le) (rate(goodput_ttft_seconds_bucket[5m])))``.
@@ -63,6 +65,7 @@ class _Families:
     budget: GaugeMetricFamily
     availability: GaugeMetricFamily
     in_flight: GaugeMetricFamily
+    thresholds: GaugeMetricFamily
     histograms: tuple[HistogramMetricFamily, ...]
     records: CounterMetricFamily
     evicted: CounterMetricFamily
@@ -108,6 +111,11 @@ class _Families:
                 "goodput_requests_in_flight",
                 "Requests with a partial record and no final record yet.",
                 labels=slo,
+            ),
+            thresholds=GaugeMetricFamily(
+                "goodput_slo_threshold_seconds",
+                "Threshold of each SLO objective (a request meets it at or below), seconds.",
+                labels=["slo", "objective", "metric", "vantage"],
             ),
             histograms=tuple(
                 HistogramMetricFamily(
@@ -183,6 +191,11 @@ class GoodputCollector:
                 _add_if(fam.availability, labels, s.availability_ratio)
                 if window == COMPLIANCE:
                     fam.budget.add_metric([s.slo_name], s.error_budget_remaining_ratio)
+        for spec in engine.slos:
+            vantage = spec.vantage.name.lower()
+            for key, objective in zip(spec.objective_keys, spec.objectives, strict=True):
+                labels = [spec.name, key, objective.metric.value, vantage]
+                fam.thresholds.add_metric(labels, objective.threshold_s)
         health = engine.health()
         for outcome, value in (
             ("final", health.final),
