@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     admission_policy_ttl_s: float = Field(default=30.0, gt=0, le=86_400)
     admission_fallback_max_concurrency: int = Field(default=256, ge=1, le=2**31 - 1)
     admission_burn_window_s: float = Field(default=300.0, gt=0)
+    # Console sign-in sessions (docs/console.md).
+    console_session_ttl_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86_400)
     log_level: LogLevel = "INFO"
     log_json: bool = False
 

@@ -8,6 +8,11 @@ against every role, including routes other modules add later.
 Who satisfies what (``grants``): ``admin`` satisfies every role; ``operator`` satisfies
 ``viewer``; ``viewer``, ``ingest`` and ``agent`` satisfy only themselves.
 
+A caller without a bearer key may present the console's sign-in cookie instead: it stands
+for the key it was opened with, and a mutation must also carry the session's CSRF token
+(``controlplane.api.sessions``). A refused role check is a 403 recorded in the audit log
+(``auth.forbidden``).
+
 Keys are checked through the database's :class:`~controlplane.services.keys.KeyCache`
 (5-s TTL): a revocation through this process applies at once, one made elsewhere within
 the TTL (see ``controlplane.services.keys``).
@@ -31,10 +36,12 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from controlplane.api.sessions import OpenSession, console_session, refuse
 from controlplane.db import utcnow
-from controlplane.errors import ForbiddenError, UnauthenticatedError
+from controlplane.errors import UnauthenticatedError
 from controlplane.models import Role
 from controlplane.services import keys as key_service
+from controlplane.services.keys import AuthenticatedKey
 from controlplane.settings import Settings
 
 __all__ = [
@@ -115,25 +122,31 @@ class RoleRequirement:
         settings: Settings = request.app.state.settings
         if self.is_open(settings):
             return ANONYMOUS
+        key: AuthenticatedKey | OpenSession | None
         if credentials is None or not credentials.credentials:
-            raise UnauthenticatedError("missing API key: send 'Authorization: Bearer <key>'")
-        # The key cache of this app's database: a busy caller is not a query per request.
-        key = await key_service.authenticate_cached(
-            request.app.state.sessions,
-            key_service.key_cache(request.app.state.engine, ttl_s=settings.key_cache_ttl_s),
-            credentials.credentials,
-            now=utcnow(),
-            touch_after_s=settings.key_last_used_resolution_s,
-        )
-        if key is None:
-            raise UnauthenticatedError("invalid API key: unknown or revoked")
+            # The console's sign-in cookie stands for the key it was opened with.
+            key = await console_session(request)
+        else:
+            # The key cache of this app's database: a busy caller is not a query per request.
+            key = await key_service.authenticate_cached(
+                request.app.state.sessions,
+                key_service.key_cache(request.app.state.engine, ttl_s=settings.key_cache_ttl_s),
+                credentials.credentials,
+                now=utcnow(),
+                touch_after_s=settings.key_last_used_resolution_s,
+            )
+            if key is None:
+                raise UnauthenticatedError("invalid API key: unknown or revoked")
+        principal = Principal(key_id=key.id, name=key.name, role=key.role, tenant=key.tenant)
         if not grants(key.role, self.role):
             allowed = sorted(r.value for r in _SATISFIED_BY[self.role])
-            raise ForbiddenError(
+            await refuse(
+                request,
+                principal.actor,
                 f"this route needs role {self.role.value!r} (allowed: {', '.join(allowed)}); "
-                f"key {key.name!r} has role {key.role.value!r}"
+                f"key {key.name!r} has role {key.role.value!r}",
             )
-        return Principal(key_id=key.id, name=key.name, role=key.role, tenant=key.tenant)
+        return principal
 
 
 def require(role: Role, *, open_setting: OpenSetting | None = None) -> RoleRequirement:

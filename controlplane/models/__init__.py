@@ -9,6 +9,7 @@ from controlplane.db import Base
 from controlplane.models.api_key import APIKey
 from controlplane.models.audit import AuditLog
 from controlplane.models.automation import Automation, RoleMove, RolePin
+from controlplane.models.console_session import ConsoleSession
 from controlplane.models.enums import (
     CommandState,
     FleetKind,
@@ -31,6 +32,7 @@ __all__ = [
     "Base",
     "Command",
     "CommandState",
+    "ConsoleSession",
     "FleetKind",
     "FleetMember",
     "FleetRole",
@@ -44,4 +46,4 @@ __all__ = [
     "SLOVersion",
 ]
 
-SCHEMA_REVISION = "0002_automation"
+SCHEMA_REVISION = "0003_console_session"

@@ -23,6 +23,7 @@ TABLES = {
     "slo_version",
     "api_key",
     "audit_log",
+    "console_session",
     "fleet_member",
     "command",
     "goodput_rollup",
