@@ -45,6 +45,7 @@ from controlplane.api.routes import (
     audit,
     automation,
     commands,
+    dashboards,
     fleet,
     goodput,
     health,
@@ -127,6 +128,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     api.include_router(automation.router)
     api.include_router(ingest.router)
     api.include_router(goodput.router)
+    api.include_router(dashboards.router)
     app.include_router(api)
     _document_open_routes(app)
     return app

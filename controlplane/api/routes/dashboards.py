@@ -1,0 +1,111 @@
+"""Prometheus rules and Grafana dashboards generated from the SLO registry (``dashboards/``).
+
+* ``GET /api/v1/slos/{ref}/prometheus-rules``: one SLO's rule file (YAML, with the fleet
+  alerts);
+* ``GET /api/v1/prometheus/rules``: every live SLO's rules in one file (YAML);
+* ``GET /api/v1/dashboards``: the dashboards (uid, title, tags);
+* ``GET /api/v1/dashboards/{uid}``: one dashboard's classic JSON.
+
+All need ``viewer``; a tenant-scoped key gets its tenant's SLOs only. The files change with
+the registry: an update shows in the annotations' ``slo_version``, a deleted SLO's group is
+gone. An SLO whose rules cannot be expressed is a 422 naming the SLO and the field (no rule
+file is produced rather than a broken one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
+
+from controlplane.api.deps import SessionDep, Viewer
+from controlplane.api.routes._params import Ref
+from controlplane.errors import InvalidInputError, NotFoundError
+from controlplane.schemas.common import responses
+from controlplane.schemas.slo import SLOPublic
+from controlplane.services import slos as slo_service
+from dashboards.panels import DASHBOARDS, dashboard_json
+from dashboards.rules import RulesError, SLORuleSource, render_rules
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["dashboards"])
+
+_PAGE = 1000
+_YAML = {
+    200: {
+        "description": "A Prometheus rule file (`promtool check rules` accepts it)",
+        "content": {"application/yaml": {"schema": {"type": "string"}}},
+    }
+}
+
+
+class DashboardSummary(BaseModel):
+    uid: str
+    title: str
+    tags: list[str]
+
+
+class DashboardsPublic(BaseModel):
+    data: list[DashboardSummary]
+    count: int
+
+
+def _rules_response(slos: list[SLORuleSource], request: Request) -> Response:
+    try:
+        text = render_rules(slos, base_url=str(request.base_url))
+    except RulesError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return Response(text, media_type="application/yaml")
+
+
+@router.get(
+    "/slos/{slo_ref}/prometheus-rules",
+    response_class=Response,
+    responses={**responses(404), **_YAML},
+)
+async def slo_rules(
+    principal: Viewer, session: SessionDep, slo_ref: Ref, request: Request
+) -> Response:
+    """The SLO's recording and alert rules, with the fleet alerts (docs/dashboards.md)."""
+    slo = await slo_service.get_slo(session, slo_ref, tenant=principal.tenant)
+    return _rules_response([SLOPublic.model_validate(slo)], request)
+
+
+@router.get("/prometheus/rules", response_class=Response, responses=_YAML)
+async def all_rules(principal: Viewer, session: SessionDep, request: Request) -> Response:
+    """Every live SLO's rules in one file (the one to load into Prometheus)."""
+    slos: list[SLORuleSource] = []
+    while True:
+        rows, count = await slo_service.list_slos(
+            session,
+            slo_service.SLOFilter(),
+            limit=_PAGE,
+            offset=len(slos),
+            scope_tenant=principal.tenant,
+        )
+        slos.extend(SLOPublic.model_validate(r) for r in rows)
+        if not rows or len(slos) >= count:
+            break
+    return _rules_response(slos, request)
+
+
+@router.get("/dashboards")
+async def list_dashboards(principal: Viewer) -> DashboardsPublic:
+    """The generated Grafana dashboards (their JSON: ``/dashboards/{uid}``)."""
+    data = []
+    for spec in DASHBOARDS:
+        board = dashboard_json(spec)
+        data.append(DashboardSummary(uid=spec.uid, title=board["title"], tags=board["tags"]))
+    return DashboardsPublic(data=data, count=len(data))
+
+
+@router.get("/dashboards/{uid}", responses=responses(404))
+async def read_dashboard(principal: Viewer, uid: str) -> dict[str, Any]:
+    """One dashboard as classic Grafana JSON (schemaVersion 41), ready for provisioning."""
+    for spec in DASHBOARDS:
+        if spec.uid == uid:
+            return dashboard_json(spec)
+    known = [spec.uid for spec in DASHBOARDS]
+    raise NotFoundError(f"dashboard with uid {uid!r} not found; known: {known}")
