@@ -5,6 +5,7 @@
     goodput admin create-key --role ROLE [--name N] [--tenant T]
     goodput slo apply -f FILE.yaml
     goodput slo list [--include-deleted]
+    goodput dashboards export DIR / goodput rules export FILE  (docs/dashboards.md)
     goodput demo [--duration S]  (docs/demo.md)
     goodput gateway --port P --prefill URL --decode URL | --colocated URL  (docs/gateway.md)
     goodput bench --url URL --trace NAME --rate-scale X --duration S --slo ttft=0.2,itl=0.05
@@ -36,6 +37,7 @@ from controlplane.models import Role
 from controlplane.services import keys as key_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
+from dashboards.cli import register as register_dashboard_commands
 from goodput.demo import demo as demo_command
 from serving.bench.cli import bench as bench_command
 from serving.gateway.cli import gateway as gateway_command
@@ -68,6 +70,7 @@ app.command("bench")(bench_command)
 app.command("sim")(sim_command)
 register_model_commands(app)
 register_worker_commands(app)
+register_dashboard_commands(app)
 
 
 @app.callback()
