@@ -46,8 +46,9 @@ _EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def provisioning_files(
-    *, prometheus_url: str = "http://127.0.0.1:9090", dashboards_path: str = "/var/lib/grafana/"
-    "dashboards/goodput"
+    *,
+    prometheus_url: str = "http://127.0.0.1:9090",
+    dashboards_path: str = "/var/lib/grafana/dashboards/goodput",
 ) -> dict[str, str]:
     """Grafana provisioning YAML: the datasource (uid ``prometheus``) and a file provider."""
     datasource = {

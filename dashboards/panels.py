@@ -155,11 +155,15 @@ def _overview() -> gd.Dashboard:
         _series(
             "Goodput vs throughput (requests/s)",
             [
-                (f'sum by (slo) (rate(goodput_requests_total{{{s},result="good"}}[{RATE}]))',
-                 "{{slo}} goodput"),
-                (f"sum by (slo) (rate(goodput_requests_total{{{s},{JUDGED}}}[{RATE}]))",
-                 "{{slo}} judged"),
-            ],  # fmt: skip
+                (
+                    f'sum by (slo) (rate(goodput_requests_total{{{s},result="good"}}[{RATE}]))',
+                    "{{slo}} goodput",
+                ),
+                (
+                    f"sum by (slo) (rate(goodput_requests_total{{{s},{JUDGED}}}[{RATE}]))",
+                    "{{slo}} judged",
+                ),
+            ],
             unit="reqps",
             description="Good requests/s against judged (good + bad) requests/s.",
         )
@@ -178,10 +182,13 @@ def _overview() -> gd.Dashboard:
         _series(
             "Burn rate (5m, 1h, 6h)",
             [
-                (f"slo:sli_error:ratio_rate{w}{{{goodput_sli}}} / ignoring (sloth_window) "
-                 f"slo:error_budget:ratio{{{goodput_sli}}}", f"{{{{slo}}}} {w}")
+                (
+                    f"slo:sli_error:ratio_rate{w}{{{goodput_sli}}} / ignoring (sloth_window) "
+                    f"slo:error_budget:ratio{{{goodput_sli}}}",
+                    f"{{{{slo}}}} {w}",
+                )
                 for w in ("5m", "1h", "6h")
-            ],  # fmt: skip
+            ],
             unit="x",
             description="Error ratio / error budget: 1 spends the budget exactly over the "
             "compliance window.",
@@ -212,16 +219,25 @@ def _overview() -> gd.Dashboard:
     board = board.with_panel(
         _series(
             "Requests per second by SLO and result",
-            [(f"sum by (slo, result) (rate(goodput_requests_total{{{s},{ALL_RESULTS}}}"
-              f"[{RATE}]))", "{{slo}} {{result}}")],  # fmt: skip
+            [
+                (
+                    f"sum by (slo, result) (rate(goodput_requests_total{{{s},{ALL_RESULTS}}}"
+                    f"[{RATE}]))",
+                    "{{slo}} {{result}}",
+                )
+            ],
             unit="reqps",
         )
     )
     return board.with_panel(
         _series(
             "Output tokens per second by model and vantage",
-            [(f"sum by (model, vantage) (rate(goodput_output_tokens_total[{RATE}]))",
-              "{{model}} {{vantage}}")],  # fmt: skip
+            [
+                (
+                    f"sum by (model, vantage) (rate(goodput_output_tokens_total[{RATE}]))",
+                    "{{model}} {{vantage}}",
+                )
+            ],
             unit="short",
         )
     )
@@ -247,9 +263,11 @@ def _latency_panel(metric: str, label: str) -> timeseries.Panel:
         )
     )
     targets.append(
-        (f'goodput_slo_threshold_seconds{{slo="$slo",metric="{metric}"}}',
-         "threshold {{objective}}")
-    )  # fmt: skip
+        (
+            f'goodput_slo_threshold_seconds{{slo="$slo",metric="{metric}"}}',
+            "threshold {{objective}}",
+        )
+    )
     return _series(
         f"{label} percentiles",
         targets,
@@ -281,20 +299,33 @@ def _slo_detail() -> gd.Dashboard:
     )
     board = board.with_row(gd.Row("Objectives"))
     board = board.with_panel(
-        _stat("Error budget remaining", f'slo:period_error_budget_remaining:ratio{{{one},'
-              'sli="goodput"}', "{{slo}}", unit="percentunit")  # fmt: skip
+        _stat(
+            "Error budget remaining",
+            f'slo:period_error_budget_remaining:ratio{{{one},sli="goodput"}}',
+            "{{slo}}",
+            unit="percentunit",
+        )
     )
     board = board.with_panel(
-        _stat("Burn rate (5m)", f'slo:current_burn_rate:ratio{{{one},sli="goodput"}}',
-              "{{slo}}", unit="x")  # fmt: skip
+        _stat(
+            "Burn rate (5m)",
+            f'slo:current_burn_rate:ratio{{{one},sli="goodput"}}',
+            "{{slo}}",
+            unit="x",
+        )
     )
     board = board.with_panel(
-        _stat("Target", f'slo:objective:ratio{{{one},sli="goodput"}}', "{{slo}}",
-              unit="percentunit")  # fmt: skip
+        _stat(
+            "Target", f'slo:objective:ratio{{{one},sli="goodput"}}', "{{slo}}", unit="percentunit"
+        )
     )
     board = board.with_panel(
-        _stat("Compliance window (days)", f'slo:time_period:days{{{one},sli="goodput"}}',
-              "{{slo}}", unit="d")  # fmt: skip
+        _stat(
+            "Compliance window (days)",
+            f'slo:time_period:days{{{one},sli="goodput"}}',
+            "{{slo}}",
+            unit="d",
+        )
     )
     board = board.with_panel(
         _series(
@@ -332,11 +363,16 @@ def _slo_detail() -> gd.Dashboard:
         _series(
             "Rejected requests",
             [
-                (f'sum(rate(goodput_requests_total{{{one},result="rejected"}}[{RATE}]))',
-                 "rejected (this SLO)"),
-                ("sum by (priority, reason) (rate(goodput_gateway_admission_rejections_total"
-                 f"[{RATE}]))", "gateways: {{priority}} ({{reason}})"),
-            ],  # fmt: skip
+                (
+                    f'sum(rate(goodput_requests_total{{{one},result="rejected"}}[{RATE}]))',
+                    "rejected (this SLO)",
+                ),
+                (
+                    "sum by (priority, reason) (rate(goodput_gateway_admission_rejections_total"
+                    f"[{RATE}]))",
+                    "gateways: {{priority}} ({{reason}})",
+                ),
+            ],
             unit="reqps",
             description="Rejections counted against this SLO, and every gateway's admission "
             "rejections by priority class and reason.",
@@ -376,9 +412,11 @@ def _pd_fleet() -> gd.Dashboard:
     )
     board = board.with_row(gd.Row("Pools"))
     board = board.with_panel(
-        _series("Instances by role and state",
-                [("sum by (role, state) (goodput_gateway_instances)", "{{role}} {{state}}")])
-    )  # fmt: skip
+        _series(
+            "Instances by role and state",
+            [("sum by (role, state) (goodput_gateway_instances)", "{{role}} {{state}}")],
+        )
+    )
     board = board.with_panel(
         _series(
             "Queue depth",
@@ -389,14 +427,17 @@ def _pd_fleet() -> gd.Dashboard:
         )
     )
     board = board.with_panel(
-        _series("KV-cache use", [("vllm:kv_cache_usage_perc", "{{instance}}")],
-                unit="percentunit")  # fmt: skip
+        _series("KV-cache use", [("vllm:kv_cache_usage_perc", "{{instance}}")], unit="percentunit")
     )
     board = board.with_panel(
         _series(
             "Prompt tokens by KV source",
-            [(f"sum by (instance, source) (rate(vllm:prompt_tokens_by_source_total[{RATE}]))",
-              "{{instance}} {{source}}")],  # fmt: skip
+            [
+                (
+                    f"sum by (instance, source) (rate(vllm:prompt_tokens_by_source_total[{RATE}]))",
+                    "{{instance}} {{source}}",
+                )
+            ],
             description="external_kv_transfer: tokens whose KV cache came from the other "
             "pool (the PD handoff).",
         )
@@ -410,8 +451,13 @@ def _pd_fleet() -> gd.Dashboard:
         board = board.with_panel(
             _series(
                 title,
-                [(f"histogram_quantile(0.99, sum by (le, instance) (rate({name}_bucket"
-                  f"[{RATE}])))", "{{instance}}")],  # fmt: skip
+                [
+                    (
+                        f"histogram_quantile(0.99, sum by (le, instance) (rate({name}_bucket"
+                        f"[{RATE}])))",
+                        "{{instance}}",
+                    )
+                ],
                 unit="s",
             )
         )
@@ -419,11 +465,15 @@ def _pd_fleet() -> gd.Dashboard:
         _series(
             "vLLM tokens per second",
             [
-                (f"sum by (instance) (rate(vllm:generation_tokens_total[{RATE}]))",
-                 "generated {{instance}}"),
-                (f"sum by (instance) (rate(vllm:prompt_tokens_total[{RATE}]))",
-                 "prompt {{instance}}"),
-            ],  # fmt: skip
+                (
+                    f"sum by (instance) (rate(vllm:generation_tokens_total[{RATE}]))",
+                    "generated {{instance}}",
+                ),
+                (
+                    f"sum by (instance) (rate(vllm:prompt_tokens_total[{RATE}]))",
+                    "prompt {{instance}}",
+                ),
+            ],
         )
     )
 
@@ -443,43 +493,67 @@ def _control_loops() -> gd.Dashboard:
         _series(
             "Admitted vs shed",
             [
-                (f"sum(rate(goodput_requests_total{{{ALL_RESULTS},result!=\"rejected\"}}"
-                 f"[{RATE}]))", "admitted"),
-                ("sum by (priority) (rate(goodput_gateway_admission_rejections_total"
-                 f"[{RATE}]))", "shed {{priority}}"),
-            ],  # fmt: skip
+                (
+                    f'sum(rate(goodput_requests_total{{{ALL_RESULTS},result!="rejected"}}'
+                    f"[{RATE}]))",
+                    "admitted",
+                ),
+                (
+                    f"sum by (priority) (rate(goodput_gateway_admission_rejections_total[{RATE}]))",
+                    "shed {{priority}}",
+                ),
+            ],
             unit="reqps",
         )
     )
     board = board.with_panel(
-        _series("Shed by class and reason",
-                [("sum by (priority, reason) (rate(goodput_gateway_admission_rejections_total"
-                  f"[{RATE}]))", "{{priority}} {{reason}}")], unit="reqps")
-    )  # fmt: skip
+        _series(
+            "Shed by class and reason",
+            [
+                (
+                    "sum by (priority, reason) (rate(goodput_gateway_admission_rejections_total"
+                    f"[{RATE}]))",
+                    "{{priority}} {{reason}}",
+                )
+            ],
+            unit="reqps",
+        )
+    )
     board = board.with_panel(
-        _series("Admission mode", [("goodput_gateway_admission_mode == 1", "{{instance}} "
-                                    "{{mode}}")],
-                description="allow_all: no policy yet; policy: within its TTL; fallback: "
-                "the policy expired (the control plane did not renew it).")
-    )  # fmt: skip
+        _series(
+            "Admission mode",
+            [("goodput_gateway_admission_mode == 1", "{{instance}} {{mode}}")],
+            description="allow_all: no policy yet; policy: within its TTL; fallback: "
+            "the policy expired (the control plane did not renew it).",
+        )
+    )
     board = board.with_panel(
         _series("Policy version", [("goodput_gateway_admission_policy_version", "{{instance}}")])
     )
     board = board.with_row(gd.Row("Gateway"))
     board = board.with_panel(
-        _series("In flight", [("goodput_gateway_in_flight_requests", "{{instance}} all"),
-                              ("goodput_gateway_admission_in_flight_requests",
-                               "{{instance}} admitted")])
-    )  # fmt: skip
+        _series(
+            "In flight",
+            [
+                ("goodput_gateway_in_flight_requests", "{{instance}} all"),
+                ("goodput_gateway_admission_in_flight_requests", "{{instance}} admitted"),
+            ],
+        )
+    )
     return board.with_panel(
         _series(
             "Upstream calls and retries by pool",
             [
-                (f"sum by (pool, outcome) (rate(goodput_gateway_upstream_requests_total[{RATE}]))",
-                 "{{pool}} {{outcome}}"),
-                (f"sum by (pool) (rate(goodput_gateway_retries_total[{RATE}]))",
-                 "{{pool}} retried"),
-            ],  # fmt: skip
+                (
+                    "sum by (pool, outcome) "
+                    f"(rate(goodput_gateway_upstream_requests_total[{RATE}]))",
+                    "{{pool}} {{outcome}}",
+                ),
+                (
+                    f"sum by (pool) (rate(goodput_gateway_retries_total[{RATE}]))",
+                    "{{pool}} retried",
+                ),
+            ],
             unit="reqps",
         )
     )
@@ -500,44 +574,68 @@ def _exporters() -> gd.Dashboard:
         _series(
             "Records per second by exporter",
             [
-                (f"sum by (job, instance) (rate(goodput_exporter_{name}_total[{RATE}]))",
-                 f"{{{{instance}}}} {label}")
-                for name, label in (("exported_records", "delivered"),
-                                    ("dropped_records", "dropped"),
-                                    ("rejected_records", "rejected"))
-            ],  # fmt: skip
+                (
+                    f"sum by (job, instance) (rate(goodput_exporter_{name}_total[{RATE}]))",
+                    f"{{{{instance}}}} {label}",
+                )
+                for name, label in (
+                    ("exported_records", "delivered"),
+                    ("dropped_records", "dropped"),
+                    ("rejected_records", "rejected"),
+                )
+            ],
             unit="short",
         )
     )
     board = board.with_panel(
-        _series("Retried deliveries per second",
-                [(f"sum by (job, instance) (rate(goodput_exporter_retries_total[{RATE}]))",
-                  "{{instance}}")])
-    )  # fmt: skip
+        _series(
+            "Retried deliveries per second",
+            [
+                (
+                    f"sum by (job, instance) (rate(goodput_exporter_retries_total[{RATE}]))",
+                    "{{instance}}",
+                )
+            ],
+        )
+    )
     board = board.with_panel(
-        _series("Buffered bytes", [("goodput_exporter_buffer_bytes", "{{instance}}")],
-                unit="bytes")  # fmt: skip
+        _series("Buffered bytes", [("goodput_exporter_buffer_bytes", "{{instance}}")], unit="bytes")
     )
     board = board.with_row(gd.Row("Ingest"))
     board = board.with_panel(
-        _series("Ingest rate",
-                [(f"sum by (protocol) (rate(goodput_ingest_records_total[{RATE}]))",
-                  "records {{protocol}}"),
-                 (f"sum by (protocol) (rate(goodput_ingest_tokens_total[{RATE}]))",
-                  "tokens {{protocol}}")])
-    )  # fmt: skip
+        _series(
+            "Ingest rate",
+            [
+                (
+                    f"sum by (protocol) (rate(goodput_ingest_records_total[{RATE}]))",
+                    "records {{protocol}}",
+                ),
+                (
+                    f"sum by (protocol) (rate(goodput_ingest_tokens_total[{RATE}]))",
+                    "tokens {{protocol}}",
+                ),
+            ],
+        )
+    )
     board = board.with_panel(
-        _series("Ingest batches by outcome",
-                [(f"sum by (protocol, outcome) (rate(goodput_ingest_batches_total[{RATE}]))",
-                  "{{protocol}} {{outcome}}")],
-                description="rejected: refused as invalid; failed: not applied; duplicate "
-                "and stale: resent batches already applied.")
-    )  # fmt: skip
+        _series(
+            "Ingest batches by outcome",
+            [
+                (
+                    f"sum by (protocol, outcome) (rate(goodput_ingest_batches_total[{RATE}]))",
+                    "{{protocol}} {{outcome}}",
+                )
+            ],
+            description="rejected: refused as invalid; failed: not applied; duplicate "
+            "and stale: resent batches already applied.",
+        )
+    )
     return board.with_panel(
-        _series("Goodput engine records by outcome",
-                [(f"sum by (outcome) (rate(goodput_engine_records_total[{RATE}]))",
-                  "{{outcome}}")])
-    )  # fmt: skip
+        _series(
+            "Goodput engine records by outcome",
+            [(f"sum by (outcome) (rate(goodput_engine_records_total[{RATE}]))", "{{outcome}}")],
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)

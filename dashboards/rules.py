@@ -42,8 +42,8 @@ import yaml
 from dashboards._windows import ALERT_WINDOWS, SLI_WINDOWS, AlertWindow, duration, seconds
 
 __all__ = [
-    "SLORuleSource",
     "RulesError",
+    "SLORuleSource",
     "fleet_rule_group",
     "render_rules",
     "rules_document",
@@ -229,8 +229,12 @@ def _sli_rules(slo: SLORuleSource, sli: _SLI, period: str, base_url: str) -> lis
                     f"and ignoring (sloth_window) "
                     f"slo:sli_error:ratio_rate{alert.short}{match} > {_num(threshold)}"
                 ),
-                "labels": {**ids, "severity": alert.severity, "long": alert.long,
-                           "short": alert.short},  # fmt: skip
+                "labels": {
+                    **ids,
+                    "severity": alert.severity,
+                    "long": alert.long,
+                    "short": alert.short,
+                },
                 "annotations": {
                     **annotations,
                     "summary": (
@@ -278,8 +282,7 @@ def fleet_rule_group() -> dict[str, Any]:
         "rules": [
             {
                 "record": dropped,
-                "expr": "sum by (job, instance) "
-                "(rate(goodput_exporter_dropped_records_total[5m]))",
+                "expr": "sum by (job, instance) (rate(goodput_exporter_dropped_records_total[5m]))",
             },
             {
                 "record": rejected,

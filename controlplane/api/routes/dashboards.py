@@ -33,7 +33,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["dashboards"])
 
 _PAGE = 1000
-_YAML = {
+_YAML: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A Prometheus rule file (`promtool check rules` accepts it)",
         "content": {"application/yaml": {"schema": {"type": "string"}}},
