@@ -8,15 +8,15 @@ level (a sweep). Then a workload shift on Azure conversation (prompts ×4 from h
 and stability (role changes per hour at 0.8× the knee). Contenders: no control, the
 Dynamo-style busy-threshold shedder, the Dynamo-style SLA planner (180 s and 10 s), our
 planner alone, our admission control alone, and both together ("ours"; also with the
-admission adapter's default 1-s sync) — the control loops when their adapters exist
+admission adapter's default 1-s sync), through the simulator's adapters
 (``serving.sim.control.planner`` / ``.admission``).
 
-Last line, for ours (``null`` when its adapters are missing; ``others`` holds the same
-figures for every other contender): ``{"overload_goodput_ratio"`` (min over traces and
-levels of goodput ÷ peak goodput; goal ≥ 0.9), ``"shift_goodput_ratio"`` (min over the two
-phases of goodput ÷ the best static split's in that phase; goal ≥ 0.9), ``"recovery_s"``
-(goal ≤ 60), ``"vs_dynamo_ratio"`` (geometric mean over the overload cells of goodput ÷ the
-better Dynamo-style planner's), ``"role_changes_per_h"`` (max over traces)``, ...}``.
+Last line, for ours (``others`` holds the same figures for every other contender):
+``{"overload_goodput_ratio"`` (min over traces and levels of goodput ÷ peak goodput; goal
+≥ 0.9), ``"shift_goodput_ratio"`` (min over the two phases of goodput ÷ the best static
+split's in that phase; goal ≥ 0.9), ``"recovery_s"`` (goal ≤ 60), ``"vs_dynamo_ratio"``
+(geometric mean over the overload cells of goodput ÷ the better Dynamo-style planner's),
+``"role_changes_per_h"`` (max over traces)``, ...}``.
 
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
 
@@ -134,9 +134,8 @@ def main() -> None:
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     wall0 = time.perf_counter()
-    control, missing = control_contenders()
-    contenders: list[Contender] = [*baseline_contenders(), *control]
-    log(f"contenders: {[c.name for c in contenders]}; missing adapters: {missing}")
+    contenders: list[Contender] = [*baseline_contenders(), *control_contenders()]
+    log(f"contenders: {[c.name for c in contenders]}")
 
     caps: dict[str, Capacity] = {}
     cells: list[OverloadCell] = []
@@ -181,7 +180,7 @@ def main() -> None:
         ]
     )
     log(tables)
-    results = _results(size, caps, peaks, cells, setup, shifts, stable, missing)
+    results = _results(size, caps, peaks, cells, setup, shifts, stable)
     results["shift_harder"] = [_shift_json(more_setup, more) for more_setup, more in harder]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -196,19 +195,7 @@ def main() -> None:
             log(f"wrote {path}")
 
     names = {c.name for c in contenders}
-    headline: dict[str, object] = dict.fromkeys(
-        (
-            "overload_goodput_ratio",
-            "shift_goodput_ratio",
-            "recovery_s",
-            "vs_dynamo_ratio",
-            "role_changes_per_h",
-        )
-    )
-    if OURS in names:
-        headline.update(summarise(OURS, cells, shifts, stable))
-    headline["ours_available"] = OURS in names
-    headline["missing"] = missing
+    headline: dict[str, object] = dict(summarise(OURS, cells, shifts, stable))
     headline["others"] = {
         name: summarise(name, cells, shifts, stable) for name in sorted(names - {OURS})
     }
@@ -227,11 +214,9 @@ def _results(
     setup: ShiftSetup,
     shifts: list[ShiftOutcome],
     stable: list[StabilityOutcome],
-    missing: list[str],
 ) -> dict[str, object]:
     return {
         "size": dataclasses.asdict(size),
-        "missing": missing,
         "capacity": {
             t: {
                 "split": list(c.split),

@@ -3,11 +3,10 @@
 :class:`AdmissionRuntime` is one asyncio task started by the app's lifespan
 (:func:`admission_lifespan`, when ``settings.admission_enabled``; ``app.state.admission``).
 
-* **Learn.** It listens to ingest (``Ingestor.add_listener``): every applied batch feeds
-  the :class:`~controlplane.policies.learning.AdmissionLearner` (prefill rate, KV handoff,
-  ``itl = a + b·batch + c·context``, mean decode time and context). Gateway records spread
-  over the decode pool, so they are divided by the number of decode workers the fleet had
-  at the last tick.
+* **Learn.** It reads the control plane's one latency model learner
+  (:class:`~controlplane.learner_runtime.SharedLearner`, shared with the planner: prefill
+  rate, KV handoff, ``itl = a + b·batch + c·context``, mean decode time and context), fed by
+  ingest; each tick tells it how many decode workers the fleet has.
 * **Decide (pure).** Every ``admission_interval_s``:
   :func:`controlplane.policies.admission.compute_policy` from the learned parameters, the
   engine's SLO set and each SLO's burn rate over the last ``admission_burn_window_s``.
@@ -27,7 +26,9 @@ keep the last policy for its TTL, then fall back to their concurrency cap.
 
 Example::
 
-    runtime = AdmissionRuntime(app.state.sessions, settings, app.state.live)
+    runtime = AdmissionRuntime(
+        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
+    )
     await runtime.start()
     ...
     await runtime.stop()
@@ -39,7 +40,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -51,16 +51,15 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
+from controlplane.learner_runtime import SharedLearner, count_decode_instances, shared_learner
 from controlplane.live import LiveGoodput
-from controlplane.models import Command, FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.models import Command, FleetKind, FleetMember, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
-from controlplane.policies.learning import AdmissionLearner
 from controlplane.services.commands import issue_automatic
 from controlplane.services.fleet import is_stale
 from controlplane.settings import Settings
 from exporters.admission import AdmissionPolicy
 from exporters.commands import CommandKind
-from exporters.records import RecordBatch
 
 __all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan", "fingerprint"]
 
@@ -101,6 +100,7 @@ class AdmissionRuntime:
         settings: Settings,
         live: LiveGoodput,
         *,
+        learner: SharedLearner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sessions = sessions
@@ -111,9 +111,8 @@ class AdmissionRuntime:
             ttl_s=settings.admission_policy_ttl_s,
             fallback_max_concurrency=settings.admission_fallback_max_concurrency,
         )
-        self.learner = AdmissionLearner()
-        self._lock = threading.Lock()  # ingest listeners run in worker threads
-        self._decode_instances = 1
+        self.learner = learner or SharedLearner(live.ingestor)
+        self.learner.attach()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
@@ -121,18 +120,12 @@ class AdmissionRuntime:
         self.num_failures = 0
         self.last_policy: AdmissionPolicy | None = None
         self._sent: dict[str, tuple[str, float]] = {}  # gateway → (fingerprint, sent at)
-        live.ingestor.add_listener(self.observe)
-
-    def observe(self, batch: RecordBatch, source: str = "") -> None:
-        """Learn from one ingested batch of exporter ``source`` (the ingest listener)."""
-        with self._lock:
-            self.learner.observe(batch, decode_instances=self._decode_instances, source=source)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="goodput-admission")
 
     async def stop(self) -> None:
-        self.live.ingestor.remove_listener(self.observe)
+        self.learner.detach()
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -167,8 +160,7 @@ class AdmissionRuntime:
     async def _tick(self) -> int:
         now_s = self.clock()
         now = datetime.fromtimestamp(now_s, UTC)
-        with self._lock:
-            params = self.learner.params()
+        params = self.learner.params()
         engine = self.live.engine
         stats = await asyncio.to_thread(
             engine.summary, now_s, self.settings.admission_burn_window_s, percentiles=False
@@ -177,13 +169,16 @@ class AdmissionRuntime:
         timeout_s = self.settings.fleet_heartbeat_timeout_s
         async with self.sessions() as session, session.begin():
             members = list(await session.scalars(sa.select(FleetMember)))
-            live = [m for m in members if not is_stale(m, now=now, timeout_s=timeout_s)]
-            live = [m for m in live if m.state not in _STOPPED]
-            gateways = [m for m in live if m.kind == FleetKind.GATEWAY]
-            decoders = [
-                m for m in live if m.kind == FleetKind.WORKER and m.role != FleetRole.PREFILL
+            self.learner.set_decode_instances(
+                count_decode_instances(members, now=now, timeout_s=timeout_s)
+            )
+            gateways = [
+                m
+                for m in members
+                if m.kind == FleetKind.GATEWAY
+                and m.state not in _STOPPED
+                and not is_stale(m, now=now, timeout_s=timeout_s)
             ]
-            self._decode_instances = max(1, len(decoders))
             if not gateways:
                 return 0
             highest = await session.scalar(
@@ -195,7 +190,7 @@ class AdmissionRuntime:
                 "source": "admission",
                 "learned": params.to_json(),
                 "burn_rates": burn,
-                "decode_instances": self._decode_instances,
+                "decode_instances": self.learner.decode_instances,
             }
             digest = fingerprint(policy)
             due = [g.id for g in gateways if self._due(g.id, digest, now_s)]
@@ -242,7 +237,9 @@ async def admission_lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.admission = None
         yield
         return
-    runtime = AdmissionRuntime(app.state.sessions, settings, app.state.live)
+    runtime = AdmissionRuntime(
+        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
+    )
     await runtime.start()
     app.state.admission = runtime
     try:

@@ -3,9 +3,10 @@
 :class:`PlannerRuntime` is one asyncio task started by the app's lifespan
 (:func:`planner_lifespan`, when ``settings.planner_enabled``; ``app.state.planner``). It
 listens to ingest (``Ingestor.add_listener``): every applied batch feeds the demand window
-(:class:`~controlplane.policies.planner_demand.DemandWindow`) and a latency model learner
-(the admission one, :class:`~controlplane.policies.learning.AdmissionLearner`: prefill
-rate, KV handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
+(:class:`~controlplane.policies.planner_demand.DemandWindow`). Its capacities come from the
+control plane's one latency model learner
+(:class:`~controlplane.learner_runtime.SharedLearner`, shared with admission: prefill rate,
+KV handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
 transaction:
 
 1. a paused planner (``POST /automation/pause``) stops here: it issues nothing at all, and
@@ -18,7 +19,7 @@ transaction:
    the fleet registry's heartbeats (role, state, ``num_requests_running``,
    ``num_requests_waiting``, optional ``prefill_queue_tokens``, ``decode_context_tokens``,
    ``prefill_tokens_per_s``, ``kv_both``), the pins, the moves in progress, the demand, the
-   learned model and the SLO registry's tightest TTFT and ITL/TPOT thresholds, runs
+   learned model and the SLO registry's targets (``controlplane.policies.targets``), runs
    :func:`controlplane.policies.planner.plan`, and starts a role move (``drain`` first) for
    each instance it moves, with the plan's evidence and predicted effect.
 
@@ -28,7 +29,9 @@ its new role. A failing tick is logged once per failure streak and counted; the 
 
 Example::
 
-    runtime = PlannerRuntime(app.state.sessions, settings, app.state.live)
+    runtime = PlannerRuntime(
+        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
+    )
     await runtime.start()
     ...
     await runtime.stop()
@@ -39,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -51,17 +53,19 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
+from controlplane.learner_runtime import SharedLearner, count_decode_instances, shared_learner
 from controlplane.live import LiveGoodput
 from controlplane.models import FleetKind, FleetMember, FleetRole, MoveState, RoleMove
-from controlplane.planner_snapshot import build_snapshot, service_model, slo_targets
-from controlplane.policies.learning import AdmissionLearner
+from controlplane.planner_snapshot import build_snapshot
 from controlplane.policies.planner import (
     Plan,
     PlannerConfig,
     SLOTargets,
     plan,
+    service_model,
 )
 from controlplane.policies.planner_demand import DemandWindow
+from controlplane.policies.targets import slo_targets
 from controlplane.schemas.automation import TickPublic
 from controlplane.services import automation
 from controlplane.settings import Settings
@@ -84,6 +88,7 @@ class PlannerRuntime:
         settings: Settings,
         live: LiveGoodput,
         *,
+        learner: SharedLearner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sessions = sessions
@@ -91,7 +96,7 @@ class PlannerRuntime:
         self.live = live
         self.clock = clock
         self.demand = DemandWindow(settings.planner_window_s)
-        self.learner = AdmissionLearner()
+        self.learner = learner or SharedLearner(live.ingestor)
         self.config = PlannerConfig(
             min_gain_ratio=settings.planner_min_gain_ratio,
             min_dwell_s=settings.planner_min_dwell_s,
@@ -107,8 +112,6 @@ class PlannerRuntime:
         self.last_plan: Plan | None = None
         self.num_ticks = 0
         self.num_failures = 0
-        self._learn_lock = threading.Lock()
-        self._decode_instances = 1
         self._task: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -116,11 +119,13 @@ class PlannerRuntime:
 
     async def start(self) -> None:
         self.live.ingestor.add_listener(self.observe)
+        self.learner.attach()
         self._task = asyncio.create_task(self._run(), name="goodput-planner")
 
     async def stop(self) -> None:
         self.stopping.set()
         self.live.ingestor.remove_listener(self.observe)
+        self.learner.detach()
         task, self._task = self._task, None
         if task is None:
             return
@@ -131,11 +136,9 @@ class PlannerRuntime:
                 await task
 
     def observe(self, batch: RecordBatch, source: str = "") -> None:
-        """The ingest listener: demand and the latency model learn from every batch
-        (``source``: the sending exporter)."""
+        """The ingest listener: the demand window sees every batch (``source``: the
+        sending exporter)."""
         self.demand.observe(batch, self.clock())
-        with self._learn_lock:
-            self.learner.observe(batch, decode_instances=self._decode_instances, source=source)
 
     async def _run(self) -> None:
         interval = self.settings.planner_interval_s
@@ -247,7 +250,7 @@ class PlannerRuntime:
     async def _plan(
         self, session: AsyncSession, members: Mapping[str, FleetMember], now: datetime
     ) -> Plan | None:
-        slo = slo_targets(self.live.engine.slos)
+        slo = slo_targets(spec.objectives for spec in self.live.engine.slos)
         if slo is None:
             return None
         pins = [p.member_id for p in await automation.list_pins(session)]
@@ -285,14 +288,15 @@ class PlannerRuntime:
         slo: SLOTargets,
         now: datetime,
     ) -> Plan:
-        decode = sum(1 for m in members if m.role is FleetRole.DECODE)
-        with self._learn_lock:
-            self._decode_instances = max(decode, 1)
-            params = self.learner.params()
+        stale_after_s = self.settings.fleet_heartbeat_timeout_s
+        self.learner.set_decode_instances(
+            count_decode_instances(members, now=now, timeout_s=stale_after_s)
+        )
+        params = self.learner.params()
         snapshot = build_snapshot(
             members,
             now=now,
-            stale_after_s=self.settings.fleet_heartbeat_timeout_s,
+            stale_after_s=stale_after_s,
             pinned=pins,
             moving=moving,
             last_change=last_change,
@@ -382,7 +386,9 @@ async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.planner = None
         yield
         return
-    runtime = PlannerRuntime(app.state.sessions, settings, app.state.live)
+    runtime = PlannerRuntime(
+        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
+    )
     await runtime.start()
     app.state.planner = runtime
     try:

@@ -1,6 +1,6 @@
 """The planner's snapshot from the control plane's state: fleet rows with their heartbeat
 loads, pins, moves in progress, the demand, the learned model and the SLO registry's
-thresholds, turned into a :class:`~controlplane.policies.planner.PlannerSnapshot`. Pure
+targets, turned into a :class:`~controlplane.policies.planner.PlannerSnapshot`. Pure
 (no I/O: the runtime does the queries), one pass over the rows.
 """
 
@@ -11,9 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.goodput import SLOSpec
 from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState
-from controlplane.policies.learning import LearnedParams
 from controlplane.policies.planner import (
     Demand,
     InstanceLoad,
@@ -22,38 +20,10 @@ from controlplane.policies.planner import (
     SLOTargets,
 )
 from exporters.commands import Role
-from exporters.slo import Metric
 
-__all__ = ["UNCONSTRAINED_S", "build_snapshot", "service_model", "slo_targets"]
+__all__ = ["build_snapshot"]
 
-UNCONSTRAINED_S = 3600.0  # an objective the registry does not set: effectively none
 _ROLES = {FleetRole.PREFILL: Role.PREFILL, FleetRole.DECODE: Role.DECODE, FleetRole.BOTH: Role.BOTH}
-
-
-def service_model(params: LearnedParams) -> ServiceModel:
-    """The planner's capacity model from the learner's parameters."""
-    return ServiceModel(
-        prefill_tokens_per_s=params.prefill_tokens_per_s,
-        itl_base_s=params.itl_base_s,
-        itl_per_seq_s=params.itl_per_stream_s,
-        itl_per_context_token_s=params.itl_per_context_token_s,
-        kv_handoff_s=params.kv_handoff_s,
-    )
-
-
-def slo_targets(specs: Iterable[SLOSpec]) -> SLOTargets | None:
-    """The tightest TTFT threshold and the tightest ITL (or TPOT) threshold of the
-    registry's SLOs; ``None`` when no SLO constrains either."""
-    specs = list(specs)
-    itl = [
-        o.threshold_s for s in specs for o in s.objectives if o.metric in (Metric.ITL, Metric.TPOT)
-    ]
-    ttft = [o.threshold_s for s in specs for o in s.objectives if o.metric is Metric.TTFT]
-    if not ttft and not itl:
-        return None
-    return SLOTargets(
-        ttft_s=min(ttft, default=UNCONSTRAINED_S), itl_s=min(itl, default=UNCONSTRAINED_S)
-    )
 
 
 def _number(load: Mapping[str, Any], key: str) -> float | None:

@@ -4,10 +4,12 @@
 (:class:`~controlplane.policies.learning.LearnedParams`), the SLO registry (the engine's
 :class:`~controlplane.goodput.SLOSpec` set) and each SLO's current burn rate — into an
 :class:`exporters.admission.AdmissionPolicy`. No clock, no I/O: the runtime
-(``controlplane.policies_runtime``) calls it and ships the result; the simulator can too.
+(``controlplane.admission_runtime``) calls it and ships the result; the simulator's
+adapter (``serving.sim.control.admission``) calls it too.
 
-* **Per SLO**: the allowed TTFT is the SLO's TTFT objective; the allowed ITL its ITL
-  objective (TPOT where it has none: the mean gap). The key is the value the gateway puts
+* **Per SLO**: the allowed TTFT and ITL are the SLO's targets
+  (:mod:`controlplane.policies.targets`: the tightest TTFT objective; the tightest ITL or
+  TPOT objective). The key is the value the gateway puts
   in its ``slo`` label: the SLO's ``slo`` selector, else its ``tenant`` selector (the
   gateway labels a request with its tenant when no ``x-goodput-slo`` header names one),
   else the SLO's name.
@@ -34,8 +36,8 @@ from dataclasses import dataclass, field
 
 from controlplane.goodput import SLOSpec
 from controlplane.policies.learning import LearnedParams
+from controlplane.policies.targets import itl_target_s, ttft_target_s
 from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
-from exporters.slo import Metric
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -89,14 +91,6 @@ def slo_key(spec: SLOSpec) -> str:
     return spec.selector.get("slo") or spec.selector.get("tenant") or spec.name
 
 
-def _objective(spec: SLOSpec, *metrics: Metric) -> float | None:
-    for metric in metrics:
-        values = [o.threshold_s for o in spec.objectives if o.metric is metric]
-        if values:
-            return min(values)
-    return None
-
-
 def compute_policy(
     params: LearnedParams,
     slos: Sequence[SLOSpec],
@@ -110,8 +104,8 @@ def compute_policy(
     for spec in slos:
         burn = burn_rates.get(spec.id)
         entry = SLOAdmission(
-            ttft_s=_objective(spec, Metric.TTFT),
-            itl_s=_objective(spec, Metric.ITL, Metric.TPOT),
+            ttft_s=ttft_target_s(spec.objectives),
+            itl_s=itl_target_s(spec.objectives),
             burn_rate=burn if burn is not None and math.isfinite(burn) and burn >= 0 else 0.0,
             margin_ratio=margin_ratio(burn, config),
         )

@@ -82,6 +82,7 @@ from controlplane.policies.planner_model import (
     SLOTargets,
     check_positive,
     predict_splits,
+    service_model,
     ttft_correction,
 )
 from exporters.commands import Role
@@ -98,6 +99,7 @@ __all__ = [
     "SplitPrediction",
     "plan",
     "predict_splits",
+    "service_model",
 ]
 
 F64 = npt.NDArray[np.float64]

@@ -14,12 +14,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.policies.learning import LearnedParams
+
 __all__ = [
     "Demand",
     "SLOTargets",
     "ServiceModel",
     "check_positive",
     "predict_splits",
+    "service_model",
     "ttft_correction",
 ]
 
@@ -67,6 +70,18 @@ class ServiceModel:
             "itl_per_context_token_s": self.itl_per_context_token_s,
             "kv_handoff_s": self.kv_handoff_s,
         }
+
+
+def service_model(params: LearnedParams) -> ServiceModel:
+    """The planner's capacity model from the learned latency model (live, the learner's
+    estimate; in the simulator, what the learner converges to on the profiled hardware)."""
+    return ServiceModel(
+        prefill_tokens_per_s=params.prefill_tokens_per_s,
+        itl_base_s=params.itl_base_s,
+        itl_per_seq_s=params.itl_per_stream_s,
+        itl_per_context_token_s=params.itl_per_context_token_s,
+        kv_handoff_s=params.kv_handoff_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)

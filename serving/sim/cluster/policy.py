@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from controlplane.goodput import GoodputStats
+from controlplane.goodput.stats import GoodputStats
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
 from serving.gateway.routing import PoolRole
 

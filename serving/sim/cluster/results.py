@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput import GoodputStats
+from controlplane.goodput.stats import GoodputStats
 from exporters.records import RecordBatch
 from exporters.slo import Metric, Objective
 from serving.gateway.routing import PoolRole

@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput import GoodputEngine, SLOSpec
+from controlplane.goodput.engine import GoodputEngine
+from controlplane.goodput.spec import SLOSpec
 from exporters.records import RecordBatch, Status
+from exporters.slo import Objective
 from serving.gateway.admission import RequestInfo
 from serving.gateway.routing import NoInstanceError, PoolRole
 from serving.sim.cluster.policy import (
@@ -50,12 +52,23 @@ from serving.sim.instance import Instance, Job, JobMode
 from serving.sim.kv import get_link
 from serving.sim.latency_model import LatencyModel
 
-__all__ = ["SLO_ID", "Simulator"]
+__all__ = ["SLO_ID", "Simulator", "slo_spec"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 SLO_ID = "sim"
 _STEP, _LANDED, _TICK = 0, 1, 2
+
+
+def slo_spec(
+    objectives: Sequence[Objective], target: float = 0.99, *, name: str = SLO_ID
+) -> SLOSpec:
+    """The simulator's one SLO: these objectives and target over every request."""
+    return SLOSpec(
+        id=SLO_ID, name=name, objectives=tuple(objectives), target=target, window_s=28 * 86400.0
+    )
+
+
 _PREFILL = JobMode.PREFILL
 
 
@@ -108,15 +121,7 @@ class Simulator:
             clock=lambda: self.options.epoch_s, recent_rows_cap=1, itl_percentiles=()
         )
         self.engine.set_slos(
-            [
-                SLOSpec(
-                    id=SLO_ID,
-                    name=f"{model.name} sim",
-                    objectives=self.options.objectives,
-                    target=self.options.slo_target,
-                    window_s=28 * 86400.0,
-                )
-            ]
+            [slo_spec(self.options.objectives, self.options.slo_target, name=f"{model.name} sim")]
         )
         self.records = RecordBuilder(
             epoch_s=self.options.epoch_s,

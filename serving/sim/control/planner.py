@@ -5,8 +5,9 @@ on the simulator's virtual clock — the same pure functions the control plane r
 
 What each observes (nothing the live control plane could not):
 
-* demand — every request passes ``admit`` (the gateway's seam); the adapter keeps the
-  arrivals of the last ``window_s`` (30 s by default: after a workload shift, 60 s left the
+* demand — every request passes ``admit`` (the gateway's seam); the control plane's
+  :class:`~controlplane.policies.planner_demand.DemandWindow` keeps the arrivals of the
+  last ``window_s`` (30 s by default: after a workload shift, 60 s left the
   planner a window behind; measured on the evaluation's azure_conv shift, phase-2 goodput
   9.12 → 9.42 req/s with the same role changes under stationary load) — time, prompt
   tokens, ``max_tokens`` as the output length — and turns them into requests/s, prompt
@@ -14,11 +15,13 @@ What each observes (nothing the live control plane could not):
 * load — the :class:`~serving.sim.cluster.policy.ClusterSnapshot`: per instance its role,
   the prefill tokens and decode streams the gateway counts on it; the context of a decode
   stream is estimated as the mean prompt plus half the mean output;
-* capacities — the profile's fitted step times (what Dynamo calls pre-deployment
-  profiling): the prefill rate at the observed mean prompt in full batches, the decode step
-  ``base + per_seq·b + per_token·C`` below the knee, the KV handoff over NVLink. Our
+* capacities — the profile's latency model
+  (:func:`serving.sim.control.profile.profile_params`, what Dynamo calls pre-deployment
+  profiling) as the planner's :func:`~controlplane.policies.planner.service_model`. Our
   planner then corrects the decode step online by one factor, observed median ITL ÷ the
-  profile's ITL at the observed decode batch (``learn=True``, the default).
+  profile's ITL at the observed decode batch (``learn=True``, the default);
+* targets — the SLO's, by the control plane's rule
+  (:func:`controlplane.policies.targets.slo_targets`).
 
 Admission is delegated to ``admission`` (another SimPolicy, e.g. the adapter in
 ``serving.sim.control.admission``) when given, so one policy can run both loops; otherwise
@@ -26,7 +29,7 @@ every request is admitted.
 
 Example::
 
-    policy = PlannerPolicy(profile="h100-llama3.1-8b", ttft_s=0.2, itl_s=0.05)
+    policy = PlannerPolicy(profile="h100-llama3.1-8b", objectives=options.objectives)
     Simulator(spec, workload, options, policy=policy).run()
     dynamo_180 = DynamoPolicy(interval_s=180.0); dynamo_5 = DynamoPolicy(interval_s=5.0)
 """
@@ -34,124 +37,45 @@ Example::
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
+from collections.abc import Mapping, Sequence
 
 from controlplane.policies.dynamo import DynamoConfig, DynamoObservation, DynamoPlanner
 from controlplane.policies.dynamo import ServiceModelProfile as _Profile
 from controlplane.policies.planner import (
-    Demand,
     InstanceLoad,
     PlannerConfig,
     PlannerSnapshot,
     ServiceModel,
     SLOTargets,
     plan,
+    service_model,
 )
+from controlplane.policies.planner_demand import DemandWindow
+from controlplane.policies.targets import UNCONSTRAINED_S, slo_targets
 from exporters.commands import Role
+from exporters.slo import Metric, Objective
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
 from serving.gateway.routing import PoolRole
 from serving.sim.cluster.policy import ClusterSnapshot, SimPolicy
-from serving.sim.kv import get_link
-from serving.sim.latency_model import LatencyModel
+from serving.sim.control.profile import DEFAULT_PROFILE, profile_params
 
 __all__ = [
-    "ArrivalWindow",
+    "DEFAULT_OBJECTIVES",
     "DynamoPolicy",
     "PlannerPolicy",
     "observed_ttft_attainment",
-    "service_model",
 ]
 
-DEFAULT_PROFILE = "h100-llama3.1-8b"
-_BATCH_TOKENS = 8192  # the instance model's default max_num_batched_tokens
+DEFAULT_OBJECTIVES = (Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 0.05))
 
 
-def service_model(latency: LatencyModel, mean_prompt_tokens: float) -> ServiceModel:
-    """The planner's :class:`ServiceModel` from a fitted profile, at ``mean_prompt_tokens``."""
-    prompt = max(1, round(mean_prompt_tokens))
-    per_batch = max(1, _BATCH_TOKENS // prompt)
-    rate = per_batch * prompt / latency.prefill_s(np.full(per_batch, prompt))
-    decode = latency.profile.decode
-    link = get_link("nvlink")
-    handoff = link.setup_s + prompt * latency.kv_bytes_per_token_per_gpu / link.bytes_per_s
-    return ServiceModel(
-        prefill_tokens_per_s=rate,
-        itl_base_s=decode.base_s,
-        itl_per_seq_s=decode.per_unit_s,
-        itl_per_context_token_s=decode.per_attention_unit_s,
-        kv_handoff_s=handoff,
-    )
+def _targets(objectives: Sequence[Objective]) -> SLOTargets:
+    return slo_targets([objectives]) or SLOTargets(UNCONSTRAINED_S, UNCONSTRAINED_S)
 
 
-@dataclass(frozen=True, slots=True)
-class _Arrival:
-    time_s: float
-    prompt_tokens: int
-    output_tokens: int
-
-
-class ArrivalWindow:
-    """The arrivals of the last ``window_s`` virtual seconds and their rates."""
-
-    def __init__(self, window_s: float) -> None:
-        if not window_s > 0:
-            raise ValueError(f"window_s must be > 0, got {window_s!r}")
-        self.window_s = window_s
-        self._items: deque[_Arrival] = deque()
-        self._prompt = 0
-        self._output = 0
-        self._first_s: float | None = None
-
-    def add(self, info: RequestInfo) -> None:
-        output = info.max_tokens if info.max_tokens is not None else 0
-        self._items.append(_Arrival(info.arrival_s, info.prompt_tokens, output))
-        self._prompt += info.prompt_tokens
-        self._output += output
-        if self._first_s is None:
-            self._first_s = info.arrival_s
-
-    def _trim(self, now_s: float) -> None:
-        while self._items and self._items[0].time_s < now_s - self.window_s:
-            old = self._items.popleft()
-            self._prompt -= old.prompt_tokens
-            self._output -= old.output_tokens
-
-    def demand(self, now_s: float) -> Demand:
-        self._trim(now_s)
-        if self._first_s is None or not self._items:
-            return Demand(0.0, 0.0, 0.0)
-        span = max(min(self.window_s, now_s - self._first_s), 1.0)
-        n = len(self._items)
-        arrival_scv = service_scv = 1.0
-        if n >= 3:
-            times = np.fromiter((a.time_s for a in self._items), np.float64, n)
-            prompts = np.fromiter((a.prompt_tokens for a in self._items), np.float64, n)
-            arrival_scv = _scv(np.diff(times))
-            service_scv = _scv(prompts)
-        return Demand(
-            n / span,
-            self._prompt / span,
-            self._output / span,
-            arrival_scv=arrival_scv,
-            service_scv=service_scv,
-        )
-
-    def means(self, now_s: float) -> tuple[int, float, float]:
-        """Arrivals in the window, mean prompt and mean output tokens."""
-        self._trim(now_s)
-        n = len(self._items)
-        return n, self._prompt / max(n, 1), self._output / max(n, 1)
-
-
-def _scv(values: npt.NDArray[np.float64]) -> float:
-    """Squared coefficient of variation (1.0 when it cannot be told)."""
-    mean = float(values.mean()) if values.size else 0.0
-    return float(values.var() / (mean * mean)) if mean > 0 else 1.0
+def _observe(window: DemandWindow, info: RequestInfo) -> None:
+    output = info.max_tokens if info.max_tokens is not None else 0
+    window.add(info.arrival_s, info.prompt_tokens, output)
 
 
 def observed_ttft_attainment(snapshot: ClusterSnapshot) -> float | None:
@@ -187,8 +111,7 @@ class PlannerPolicy:
         self,
         *,
         profile: str = DEFAULT_PROFILE,
-        ttft_s: float = 0.2,
-        itl_s: float = 0.05,
+        objectives: Sequence[Objective] = DEFAULT_OBJECTIVES,
         interval_s: float = 5.0,
         window_s: float = 30.0,
         config: PlannerConfig | None = None,
@@ -196,10 +119,10 @@ class PlannerPolicy:
         learn: bool = True,
     ) -> None:
         self.interval_s = interval_s
-        self.latency = LatencyModel.for_profile(profile)
-        self.slo = SLOTargets(ttft_s=ttft_s, itl_s=itl_s)
+        self.profile = profile
+        self.slo = _targets(objectives)
         self.config = config or PlannerConfig(min_dwell_s=30.0, max_moves_per_tick=1)
-        self.arrivals = ArrivalWindow(window_s)
+        self.arrivals = DemandWindow(window_s)
         self.admission = admission
         self.learn = learn
         self.decode_correction = 1.0
@@ -208,7 +131,7 @@ class PlannerPolicy:
         self.last_reason = ""
 
     def admit(self, info: RequestInfo) -> Decision:
-        self.arrivals.add(info)
+        _observe(self.arrivals, info)
         return ADMIT if self.admission is None else self.admission.admit(info)
 
     def plan(self, snapshot: ClusterSnapshot) -> Mapping[str, PoolRole]:
@@ -219,7 +142,7 @@ class PlannerPolicy:
         n, mean_prompt, mean_output = self.arrivals.means(now)
         if n == 0:
             return {}
-        prior = service_model(self.latency, mean_prompt)
+        prior = service_model(profile_params(self.profile, prompt_tokens=mean_prompt))
         context = mean_prompt + 0.5 * mean_output
         model = self._model(prior, snapshot, context)
         result = plan(
@@ -276,22 +199,22 @@ class DynamoPolicy:
         self,
         *,
         profile: str = DEFAULT_PROFILE,
-        ttft_s: float = 0.2,
-        itl_s: float = 0.05,
+        objectives: Sequence[Objective] = DEFAULT_OBJECTIVES,
         interval_s: float = 180.0,
         admission: SimPolicy | None = None,
     ) -> None:
-        self.latency = LatencyModel.for_profile(profile)
-        self.config = DynamoConfig(ttft_s=ttft_s, itl_s=itl_s, interval_s=interval_s)
+        self.profile = profile
+        slo = _targets(objectives)
+        self.config = DynamoConfig(ttft_s=slo.ttft_s, itl_s=slo.itl_s, interval_s=interval_s)
         # The simulator calls plan() every interval_s; Dynamo acts once per interval too.
         self.interval_s = interval_s
-        self.arrivals = ArrivalWindow(interval_s)
+        self.arrivals = DemandWindow(interval_s)
         self.admission = admission
         self._planner: DynamoPlanner | None = None
         self.num_moves = 0
 
     def admit(self, info: RequestInfo) -> Decision:
-        self.arrivals.add(info)
+        _observe(self.arrivals, info)
         return ADMIT if self.admission is None else self.admission.admit(info)
 
     def plan(self, snapshot: ClusterSnapshot) -> Mapping[str, PoolRole]:
@@ -301,7 +224,8 @@ class DynamoPolicy:
         n, isl, osl = self.arrivals.means(now)
         if n == 0:
             return {}
-        profile = _Profile(service_model(self.latency, isl))  # at this interval's ISL
+        # The profile at this interval's ISL.
+        profile = _Profile(service_model(profile_params(self.profile, prompt_tokens=isl)))
         if self._planner is None:
             self._planner = DynamoPlanner(profile, self.config)
         planner = self._planner

@@ -1,10 +1,9 @@
 """The policies an evaluation compares, each built fresh for a run.
 
 A :class:`Contender` is a name and a factory ``make(scenario, split) -> SimPolicy | None``
-(``None``: no control). Baselines are always available; the control loops (helper H4's
-admission adapter ``serving.sim.control.admission``, helper H5's planner adapters
-``serving.sim.control.planner``) are built by :mod:`serving.sim.control.eval.ours` when
-their modules exist, and left out otherwise — :func:`available_contenders` says which.
+(``None``: no control). :func:`baseline_contenders` are the baselines; the control loops
+(the admission adapter ``serving.sim.control.admission``, the planner adapters
+``serving.sim.control.planner``) are built by :mod:`serving.sim.control.eval.ours`.
 
 :class:`Combined` runs one admission policy and one planner as a single
 :class:`~serving.sim.cluster.SimPolicy`: every request is shown to the planner (it measures

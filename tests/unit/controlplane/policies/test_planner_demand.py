@@ -84,3 +84,15 @@ def test_a_backfill_is_spread_over_the_arrivals() -> None:
     window = DemandWindow(60.0)
     window.observe(batch(600, gap_ms=100), now_s=1000.0)
     assert window.demand(1000.5).requests_per_s == pytest.approx(600 / 59.9)
+
+
+def test_requests_added_at_the_gateway_trim_by_arrival() -> None:
+    window = DemandWindow(10.0)
+    for k in range(20):
+        window.add(float(k), 2000, 50)
+    assert window.means(19.0) == (11, 2000.0, 50.0)
+    demand = window.demand(19.0)
+    assert demand.requests_per_s == pytest.approx(11 / 10.0)
+    assert demand.prompt_tokens_per_s == pytest.approx(2000 * 11 / 10.0)
+    assert demand.arrival_scv == pytest.approx(0.0)  # one request a second, exactly
+    assert window.means(40.0) == (0, 0.0, 0.0)

@@ -10,7 +10,8 @@ from serving.sim.cluster.results import SimOptions
 from serving.sim.cluster.simulator import Simulator
 from serving.sim.cluster.spec import parse_cluster
 from serving.sim.cluster.workload import build_workload
-from serving.sim.control.admission import SimAdmission, profile_params
+from serving.sim.control.admission import SimAdmission
+from serving.sim.control.profile import profile_params
 from serving.traces import load_trace
 
 PROFILE = "h100-llama3.1-8b"
@@ -27,7 +28,7 @@ def test_profile_params_are_physical() -> None:
 def test_overload_keeps_attainment_and_raises_goodput() -> None:
     spec = parse_cluster("prefill=1,decode=1,model=llama3.1-8b")
     work = build_workload(load_trace("azure_conv"), rate_scale=8.0, duration_s=20)
-    policy = SimAdmission(profile=spec.profile, ttft_s=0.5, itl_s=0.05, interval_s=0.5)
+    policy = SimAdmission(profile=spec.profile, objectives=OPTIONS.objectives, interval_s=0.5)
     assert isinstance(policy, SimPolicy)
     plain = Simulator(spec, work, OPTIONS).run()
     shed = Simulator(spec, work, OPTIONS, policy=policy).run()
@@ -41,7 +42,7 @@ def test_overload_keeps_attainment_and_raises_goodput() -> None:
     )
     again = Simulator(
         spec, work, OPTIONS,
-        policy=SimAdmission(profile=spec.profile, ttft_s=0.5, itl_s=0.05, interval_s=0.5),
+        policy=SimAdmission(profile=spec.profile, objectives=OPTIONS.objectives, interval_s=0.5),
     ).run()  # fmt: skip
     assert again.num_rejected == shed.num_rejected  # deterministic
 
@@ -50,11 +51,14 @@ def test_light_load_is_admitted() -> None:
     spec = parse_cluster("prefill=1,decode=1,model=llama3.1-8b")
     work = build_workload(load_trace("azure_conv"), rate_scale=1.0, duration_s=20)
     result = Simulator(
-        spec, work, OPTIONS, policy=SimAdmission(profile=spec.profile, ttft_s=0.5, itl_s=0.05)
+        spec,
+        work,
+        OPTIONS,
+        policy=SimAdmission(profile=spec.profile, objectives=OPTIONS.objectives),
     ).run()
     assert result.num_rejected == 0
 
 
 def test_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s must be a finite number > 0"):
-        SimAdmission(profile=PROFILE, ttft_s=0.5, itl_s=None, interval_s=0)
+        SimAdmission(profile=PROFILE, objectives=OPTIONS.objectives, interval_s=0)

@@ -1,17 +1,15 @@
-"""The planners as SimPolicy in the cluster simulator (serving/sim/control/planner.py):
+"""The planners as SimPolicy in the cluster simulator (serving.sim.control.planner):
 virtual clock, small clusters, short runs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import pytest
-
 from serving.gateway.admission import Decision, RequestInfo
 from serving.gateway.routing import PoolRole
 from serving.sim.cluster import SimOptions, Simulator, build_workload, parse_cluster
 from serving.sim.cluster.policy import ClusterSnapshot, InstanceView, SimPolicy
-from serving.sim.control.planner import ArrivalWindow, DynamoPolicy, PlannerPolicy
+from serving.sim.control.planner import DynamoPolicy, PlannerPolicy
 from serving.traces import load_trace
 
 
@@ -28,7 +26,7 @@ def snapshot(now_s: float, num_prefill: int, num_decode: int) -> ClusterSnapshot
 
 
 def test_planner_moves_decode_to_a_saturated_prefill_pool() -> None:
-    policy = PlannerPolicy(ttft_s=0.2, itl_s=0.05, interval_s=5.0)
+    policy = PlannerPolicy(interval_s=5.0)  # TTFT 0.2 s, ITL 0.05 s
     for k in range(600):  # 20 req/s of 2000-token prompts: 40k tokens/s
         policy.admit(info(k, k / 20.0))
     plan = policy.plan(snapshot(30.0, 1, 5))
@@ -73,15 +71,6 @@ def test_admission_is_delegated() -> None:
     assert [policy.admit(info(k, 0.1 * k)).admit for k in range(4)] == [False, True, False, True]
     policy.plan(snapshot(1.0, 1, 1))
     assert admission.plans == 1
-
-
-def test_arrival_window_trims() -> None:
-    window = ArrivalWindow(10.0)
-    for k in range(20):
-        window.add(info(k, float(k)))
-    assert window.means(19.0) == (11, 2000.0, 50.0)
-    with pytest.raises(ValueError, match="window_s must be > 0"):
-        ArrivalWindow(0.0)
 
 
 def test_in_the_simulator_the_planner_beats_no_control() -> None:

@@ -1,5 +1,5 @@
-"""The control contenders build from the H4/H5 adapters and run deterministically; the
-tables and plots render from a small evaluation."""
+"""The control contenders build from the simulator's adapters and run deterministically;
+the tables and plots render from a small evaluation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.policies.planner import SLOTargets
 from serving.sim.cluster import SimPolicy
 from serving.sim.control.eval.contenders import Combined, baseline_contenders
 from serving.sim.control.eval.experiments import (
@@ -21,18 +22,18 @@ from serving.sim.control.eval.experiments import (
     stability,
     workload_shift,
 )
-from serving.sim.control.eval.ours import OURS, control_contenders, slo_thresholds
+from serving.sim.control.eval.ours import OURS, control_contenders
 from serving.sim.control.eval.plots import write_plots
 from serving.sim.control.eval.report import overload_table, shift_table, stability_table
 from serving.sim.control.eval.run import run_policy
 from serving.sim.control.eval.scenario import Scenario
+from serving.sim.control.planner import PlannerPolicy
 
 SCENARIO = Scenario("azure_conv", 3, 8.0)
 
 
 def test_control_contenders_build_simpolicies_with_the_scenario_slo() -> None:
-    contenders, missing = control_contenders()
-    assert missing == []  # both adapters are in the tree
+    contenders = control_contenders()
     names = [c.name for c in contenders]
     assert OURS in names and "dynamo planner 180 s" in names
     for contender in contenders:
@@ -40,12 +41,12 @@ def test_control_contenders_build_simpolicies_with_the_scenario_slo() -> None:
         assert isinstance(policy, SimPolicy), contender.name
     ours = next(c for c in contenders if c.name == OURS).make(SCENARIO, (1, 2))
     assert isinstance(ours, Combined)
-    assert slo_thresholds(SCENARIO) == (0.25, 0.05)
+    assert isinstance(ours.planner, PlannerPolicy)
+    assert ours.planner.slo == SLOTargets(ttft_s=0.25, itl_s=0.05)  # the scenario's SLO
 
 
 def test_ours_is_deterministic() -> None:
-    contenders, _ = control_contenders()
-    ours = next(c for c in contenders if c.name == OURS)
+    ours = next(c for c in control_contenders() if c.name == OURS)
     runs = [
         run_policy(SCENARIO, (1, 2), 12.0, ours.make(SCENARIO, (1, 2)), name=OURS) for _ in range(2)
     ]
@@ -68,7 +69,7 @@ def evaluation() -> Evaluation:
     cap = capacity(SCENARIO, start=4.0, rel_tol=0.2)
     peak, cells = overload(SCENARIO, cap, baseline_contenders(), levels=(2.0,))
     setup, shifts = workload_shift(Scenario("azure_conv", 3, 10.0), baseline_contenders())
-    planner = next(c for c in control_contenders()[0] if c.plans)
+    planner = next(c for c in control_contenders() if c.plans)
     return Evaluation(cap, peak, cells, setup, shifts, [stability(SCENARIO, cap, planner)])
 
 
