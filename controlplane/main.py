@@ -48,13 +48,17 @@ from controlplane.api.routes import (
     dashboards,
     fleet,
     goodput,
+    goodput_series,
+    goodput_summary,
     health,
     ingest,
     keys,
     metrics,
     otlp,
+    sessions,
     slos,
 )
+from controlplane.console import mount_console
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.live import LiveGoodput, app_registry
@@ -109,7 +113,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
             "disaggregation. Authenticate with `Authorization: Bearer <API key>`."
         ),
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served by mount_console with local Swagger UI assets
         dependencies=[Depends(strict_query)],
     )
     app.state.settings = settings
@@ -127,9 +131,13 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     api.include_router(commands.router)
     api.include_router(automation.router)
     api.include_router(ingest.router)
+    api.include_router(sessions.router)
+    api.include_router(goodput_summary.router)
+    api.include_router(goodput_series.router)
     api.include_router(goodput.router)
     api.include_router(dashboards.router)
     app.include_router(api)
+    mount_console(app)
     _document_open_routes(app)
     return app
 

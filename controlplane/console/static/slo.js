@@ -1,0 +1,65 @@
+// SLO detail: charts from GET /slos/{ref}/goodput/series, version history with a diff.
+import { api, fillTable, h, ms, pct, showError, when } from "./console.js";
+
+const ref = document.querySelector(".charts").dataset.ref;
+const range = new URLSearchParams(location.search).get("range") ?? "1h";
+document.querySelector(`[data-range="${range}"]`)?.setAttribute("aria-current", "page");
+const charts = [];
+const COLORS = ["#1f6feb", "#8250df", "#cf222e", "#1a7f37", "#9a6700", "#57606a", "#bf3989", "#0a7ea4"];
+
+function chart(id, data, series, yFormat = (v) => v) {
+  const el = document.getElementById(id);
+  const opts = {
+    width: el.clientWidth || 640, height: 200,
+    scales: { x: { time: true } },
+    series: [{}, ...series.map((s, i) => ({ stroke: COLORS[i], width: 1.5, spanGaps: false, ...s }))],
+    axes: [{}, { values: (u, vals) => vals.map(yFormat), size: 60 }],
+    legend: { live: true },
+  };
+  charts.push(new uPlot(opts, data, el));
+}
+
+const flat = (obj, prefix = "") => Object.entries(obj ?? {}).flatMap(([k, v]) =>
+  v && typeof v === "object" && !Array.isArray(v) ? flat(v, `${prefix}${k}.`)
+    : [[`${prefix}${k}`, JSON.stringify(v)]]);
+const IGNORED = new Set(["version", "updated_at", "created_at", "deleted_at", "id"]);
+
+function diff(prev, next) {
+  if (!prev) return h("span", {}, "created");
+  const a = new Map(flat(prev)), b = new Map(flat(next));
+  const keys = [...new Set([...a.keys(), ...b.keys()])].filter((k) => !IGNORED.has(k) && a.get(k) !== b.get(k));
+  if (!keys.length) return h("span", {}, "no field changed");
+  return h("ul", { class: "diff" }, keys.map((k) => h("li", {}, h("code", {}, k), " ",
+    h("del", {}, a.get(k) ?? "—"), " → ", h("ins", {}, b.get(k) ?? "—"))));
+}
+
+async function load() {
+  try {
+    const [slo, s, versions] = await Promise.all([
+      api(`/slos/${ref}`), api(`/slos/${ref}/goodput/series?range=${range}`), api(`/slos/${ref}/versions`),
+    ]);
+    document.getElementById("name").textContent = slo.name;
+    document.title = `${slo.name} · Goodput`;
+    const objectives = slo.objectives.map((o) => `${o.metric}${o.statistic !== "max" ? " " + o.statistic : ""} ≤ ${ms(o.threshold_s)}`).join(", ");
+    document.getElementById("summary").textContent =
+      `${pct(slo.target, 2)} of requests (${slo.vantage} vantage, ${Object.entries(slo.selector).map(([k, v]) => `${k}=${v}`).join(", ") || "all requests"}) ` +
+      `with ${objectives}, over ${(slo.window_s / 86400).toFixed(slo.window_s % 86400 ? 2 : 0)} days. Version ${slo.version}; step ${s.step_s} s.`;
+    const c = s.columns, t = c.time;
+    chart("c-rate", [t, c.goodput_rps, c.throughput_rps], [{ label: "goodput" }, { label: "throughput" }]);
+    chart("c-attain", [t, c.attainment_ratio, t.map(() => slo.target)], [{ label: "attainment" }, { label: "target", dash: [4, 4] }], (v) => pct(v));
+    chart("c-burn", [t, c.burn_rate_5m, c.burn_rate_1h, c.burn_rate_6h], [{ label: "5 min" }, { label: "1 h" }, { label: "6 h" }]);
+    chart("c-budget", [t, c.error_budget_remaining_ratio], [{ label: "budget left", fill: "rgba(31,111,235,.1)" }], (v) => pct(v, 0));
+    document.getElementById("lat-caption").textContent = `Latency p50 / p99 (s), ${slo.vantage} vantage`;
+    const lat = ["ttft", "tpot", "itl", "e2el"].flatMap((m) => [[`${m} p50`, c[`${m}_p50_s`]], [`${m} p99`, c[`${m}_p99_s`]]]);
+    chart("c-lat", [t, ...lat.map((l) => l[1])], lat.map((l) => ({ label: l[0] })));
+    chart("c-rej", [t, c.rejected, c.availability_ratio], [{ label: "rejected" }, { label: "availability", scale: "ratio" }]);
+    const rows = versions.data;
+    fillTable(document.getElementById("versions"), rows, (v, i) => h("tr", {},
+      h("td", {}, String(v.version)), h("td", {}, when(v.created_at)), h("td", {}, v.actor),
+      h("td", {}, diff(rows[i + 1]?.snapshot, v.snapshot))));
+  } catch (error) {
+    showError(error);
+  }
+}
+
+load();
