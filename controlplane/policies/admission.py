@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.goodput import SLOSpec
+from controlplane.goodput.spec import SLOSpec
 from controlplane.policies.learning import LearnedParams
 from controlplane.policies.targets import itl_target_s, ttft_target_s
 from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
