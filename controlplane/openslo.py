@@ -36,6 +36,7 @@ Timeslices, calendar windows, other data sources) is rejected with the field nam
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,8 @@ from controlplane.schemas.slo import SLOCreate, SLOPublic
 
 __all__ = [
     "API_VERSION",
+    "MAX_DEPTH",
+    "PARSE_BUDGET_S",
     "export_yaml",
     "format_duration",
     "parse_documents",
@@ -58,6 +61,11 @@ API_VERSION = "openslo/v1"
 ANNOTATION_VANTAGE = "goodput.dev/vantage"
 ANNOTATION_AVAILABILITY = "goodput.dev/availability-target"
 SOURCE_TYPE = "Goodput"
+
+#: Limits of an import's YAML: nesting (an SLO needs 8 levels) and parse time.
+MAX_DEPTH = 32
+PARSE_BUDGET_S = 2.0
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -147,15 +155,30 @@ def export_yaml(slos: Sequence[SLOPublic]) -> str:
     )
 
 
-def _load_all(text: str) -> list[Any]:
-    # Aliases let a few bytes expand into a huge structure ("billion laughs"): refuse them.
+def _load_all(text: str, max_depth: int, budget_s: float) -> list[Any]:
+    """The documents of ``text``, after one pass over its parse events that refuses
+    aliases (a few bytes expanding into a huge structure: "billion laughs"), nesting deeper
+    than ``max_depth`` and a parse running past ``budget_s`` seconds (checked per event),
+    so no input keeps a worker thread for long. libyaml's parser when present (linear in
+    the nesting; the pure-Python one is quadratic in it)."""
+    deadline = time.monotonic() + budget_s
+    depth = 0
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=_LOADER):
             if isinstance(event, yaml.AliasEvent):
                 raise InvalidInputError("YAML aliases (*name) are not allowed in an import")
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > max_depth:
+                    raise InvalidInputError(f"YAML nests deeper than {max_depth} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+            if time.monotonic() > deadline:
+                raise InvalidInputError(f"YAML took more than {budget_s:g} s to parse")
+        return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc is not None]
     except yaml.YAMLError as exc:
-        raise InvalidInputError(f"body is not valid YAML: {' '.join(str(exc).split())}") from None
+        reason = " ".join(str(exc).split())[:200]
+        raise InvalidInputError(f"body is not valid YAML: {reason}") from None
 
 
 def _get(node: object, key: str, where: str, kind: type | tuple[type, ...] = dict) -> Any:
@@ -277,13 +300,17 @@ def _from_openslo(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
     return fields
 
 
-def parse_documents(text: str) -> list[SLOCreate]:
+def parse_documents(
+    text: str, *, max_depth: int = MAX_DEPTH, budget_s: float = PARSE_BUDGET_S
+) -> list[SLOCreate]:
     """SLO definitions from a YAML stream of OpenSLO v1 ``SLO`` documents and/or Goodput's
     own form (the ``SLOCreate`` fields, e.g. ``{name, objectives, target, window_s}``).
 
-    Raises :class:`InvalidInputError` naming the document and field (``documents[1].spec...``).
+    CPU-bound: call it from a worker thread. Raises :class:`InvalidInputError` naming the
+    document and field (``documents[1].spec...``), also for YAML nested deeper than
+    ``max_depth`` or taking longer than ``budget_s`` to parse.
     """
-    docs = _load_all(text)
+    docs = _load_all(text, max_depth, budget_s)
     if not docs:
         raise InvalidInputError("body has no YAML documents; expected one or more SLOs")
     parsed: list[SLOCreate] = []

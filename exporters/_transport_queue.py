@@ -6,14 +6,24 @@ thread mutates these; readers take the exporter's lock).
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import httpx
+
 from exporters.records import RequestRecord
 
-__all__ = ["Backoff", "EncodedBatch", "OutboundQueue", "retry_after_s", "split_batches"]
+__all__ = [
+    "Backoff",
+    "EncodedBatch",
+    "OutboundQueue",
+    "refused_records",
+    "retry_after_s",
+    "split_batches",
+]
 
 # Upper bounds on the encoded size, for splitting before encoding: per record (id, labels,
 # per-record columns) and per emission (an int64 delta and an int32 token count).
@@ -138,3 +148,15 @@ def retry_after_s(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds >= 0 else None
+
+
+def refused_records(response: httpx.Response) -> int:
+    """How many records of an acknowledged batch the receiver refused one by one: the
+    ``num_rejected`` of its JSON answer (0 when absent or unreadable: a receiver that
+    lists nothing took every record)."""
+    try:
+        body = json.loads(response.content)
+    except (ValueError, TypeError):
+        return 0
+    value = body.get("num_rejected", 0) if isinstance(body, dict) else 0
+    return value if type(value) is int and value > 0 else 0

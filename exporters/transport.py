@@ -13,9 +13,11 @@ blocked and its event loop never touched:
 * it POSTs each batch to ``{url}/api/v1/ingest`` (``Content-Type``
   :data:`~exporters.wire.CONTENT_TYPE_BINARY`, ``Authorization: Bearer <key>`` when a key
   is given) with a timeout, in sequence order;
-* 2xx: delivered. Unreachable, timeout, 5xx or 429: the batch stays, byte for byte under
-  the same ``seq``, and is retried after a capped exponential backoff with jitter
-  (``Retry-After`` honoured up to the cap); the receiver's de-duplication on
+* 2xx: delivered. The receiver may list records it refused one by one (out of the
+  engine's range: ``docs/ingest.md``); those are counted as rejected, the rest as
+  exported, and the batch is done. Unreachable, timeout, 5xx or 429: the batch stays,
+  byte for byte under the same ``seq``, and is retried after a capped exponential
+  backoff with jitter (``Retry-After`` honoured up to the cap); the receiver's de-duplication on
   ``(exporter_id, seq)`` makes delivery exactly-once. Any other status (a 4xx but 429)
   means the batch is bad: it is dropped, counted as rejected and logged once per status;
 * encoded batches wait in a buffer bounded in bytes (``max_buffer_bytes``); when it is
@@ -50,6 +52,7 @@ from exporters._transport_queue import (
     Backoff,
     EncodedBatch,
     OutboundQueue,
+    refused_records,
     retry_after_s,
     split_batches,
 )
@@ -135,6 +138,7 @@ class ControlPlaneExporter:
         self._failing = False
         self._logged_statuses: set[int] = set()
         self._logged_encode_error = False
+        self._logged_refusal = False
         self._num_exported = 0
         self._num_dropped = 0
         self._num_dropped_bytes = 0
@@ -336,20 +340,22 @@ class ControlPlaneExporter:
                     return
                 batch = self._outbound.peek()
             force = False
-            outcome = self._post(batch)
+            outcome, refused = self._post(batch)
             with self._lock:
                 if outcome == "retry":
                     return
                 self._outbound.pop()
                 if outcome == "sent":
-                    self._num_exported += batch.num_records
+                    self._num_exported += batch.num_records - refused
+                    self._num_rejected += refused
                     self._num_sent_batches += 1
                 else:
                     self._num_rejected += batch.num_records
                     self._num_rejected_batches += 1
 
-    def _post(self, batch: EncodedBatch) -> str:
-        """One attempt: ``"sent"``, ``"rejected"`` or ``"retry"`` (the retry time is set)."""
+    def _post(self, batch: EncodedBatch) -> tuple[str, int]:
+        """One attempt: ``"sent"``, ``"rejected"`` or ``"retry"`` (the retry time is set),
+        and how many records of a sent batch the receiver refused one by one."""
         timeout = self.timeout_s
         if self._deadline is not None:
             timeout = max(0.01, min(timeout, self._deadline - time.monotonic()))
@@ -361,11 +367,10 @@ class ControlPlaneExporter:
         else:
             status = response.status_code
             if 200 <= status < 300:
-                self._on_delivered()
-                return "sent"
+                return "sent", self._on_delivered(batch, response)
             if status != 429 and not 500 <= status < 600:
                 self._on_rejected(batch, response)
-                return "rejected"
+                return "rejected", 0
             problem = f"HTTP {status}"
             retry_after = retry_after_s(response.headers.get("Retry-After"))
         delay = self._backoff.next_delay_s(retry_after)
@@ -381,9 +386,23 @@ class ControlPlaneExporter:
                 problem,
                 delay,
             )
-        return "retry"
+        return "retry", 0
 
-    def _on_delivered(self) -> None:
+    def _on_delivered(self, batch: EncodedBatch, response: httpx.Response) -> int:
+        refused = refused_records(response)
+        if refused:
+            with self._lock:
+                first = not self._logged_refusal
+                self._logged_refusal = True
+            if first:  # once: the counter says how many follow
+                logger.error(
+                    "control plane took batch seq=%d but refused %d of its %d records "
+                    "(%s); they are counted as rejected, further ones only counted",
+                    batch.seq,
+                    refused,
+                    batch.num_records,
+                    response.text[:500],
+                )
         self._backoff.reset()
         with self._lock:
             recovered = self._failing
@@ -391,6 +410,7 @@ class ControlPlaneExporter:
             self._retry_at = 0.0
         if recovered:
             logger.warning("control plane at %s reachable again; delivering", self.url)
+        return refused
 
     def _on_rejected(self, batch: EncodedBatch, response: httpx.Response) -> None:
         status = response.status_code

@@ -113,6 +113,10 @@ class GoodputEngine:
         with self._lock:
             return [s.spec for s in self._states.values()]
 
+    def now(self) -> float:
+        """The engine's clock now (wall-clock seconds)."""
+        return self._now(None)
+
     # -- ingest -------------------------------------------------------------------------
 
     def ingest(

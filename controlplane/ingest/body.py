@@ -31,9 +31,9 @@ class MalformedBodyError(GoodputError):
     status_code = 400
 
 
-def _too_large(max_bytes: int, got: str) -> PayloadTooLargeError:
+def _too_large(max_bytes: int, got: str, setting: str = "max_ingest_bytes") -> PayloadTooLargeError:
     return PayloadTooLargeError(
-        f"body must be at most {max_bytes} bytes (setting max_ingest_bytes), got {got}"
+        f"body must be at most {max_bytes} bytes (setting {setting}), got {got}"
     )
 
 
@@ -52,20 +52,22 @@ async def read_limited(
     content_length: str | None,
     content_encoding: str | None,
     max_bytes: int,
+    setting: str = "max_ingest_bytes",
 ) -> bytes:
     """The whole (decoded) body, at most ``max_bytes`` bytes before and after decoding.
 
-    ``content_length`` / ``content_encoding`` are the request's header values (or ``None``).
+    ``content_length`` / ``content_encoding`` are the request's header values (or ``None``);
+    ``setting`` is the name of the limit, for the 413's message.
     """
     encoding = _encoding(content_encoding)
     if content_length is not None and content_length.isdigit() and int(content_length) > max_bytes:
-        raise _too_large(max_bytes, f"Content-Length {content_length}")
+        raise _too_large(max_bytes, f"Content-Length {content_length}", setting)
     parts: list[bytes] = []
     received = 0
     async for chunk in chunks:
         received += len(chunk)
         if received > max_bytes:
-            raise _too_large(max_bytes, f"more than {max_bytes} bytes")
+            raise _too_large(max_bytes, f"more than {max_bytes} bytes", setting)
         parts.append(chunk)
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     if encoding == "gzip":

@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from controlplane.goodput import GoodputEngine
 from controlplane.ingest.dedup import Deduplicator, SeqVerdict
+from controlplane.ingest.screen import RecordRejection, screen
 from exporters.records import RecordBatch
 from exporters.wire import BatchHeader
 
@@ -75,7 +76,8 @@ class IngestFailedError(RuntimeError):
 class IngestOutcome:
     """What one batch did. Counts are of what was *applied* (all 0 for a duplicate):
     ``num_records`` rows, ``num_final`` final rows among them, ``num_emissions`` token
-    emissions, ``num_tokens`` output tokens."""
+    emissions, ``num_tokens`` output tokens. ``rejections``: the records of the batch that
+    were not taken (:mod:`controlplane.ingest.screen`), each with its row and reason."""
 
     duplicate: bool
     exporter_id: str
@@ -84,6 +86,7 @@ class IngestOutcome:
     num_final: int
     num_emissions: int
     num_tokens: int
+    rejections: tuple[RecordRejection, ...] = ()
 
 
 class _Counts:
@@ -92,6 +95,7 @@ class _Counts:
     def __init__(self) -> None:
         self.batches = {(p, o): 0 for p in PROTOCOLS for o in OUTCOMES}
         self.records = dict.fromkeys(PROTOCOLS, 0)
+        self.rejected_records = dict.fromkeys(PROTOCOLS, 0)
         self.tokens = dict.fromkeys(PROTOCOLS, 0)
         self.bytes = dict.fromkeys(PROTOCOLS, 0)
         self.spans = {"mapped": 0, "ignored": 0, "rejected": 0}
@@ -179,7 +183,12 @@ class Ingestor:
         with self._lock:
             counts = self._counts
             batches = dict(counts.batches)
-            per_protocol = (dict(counts.records), dict(counts.tokens), dict(counts.bytes))
+            per_protocol = (
+                dict(counts.records),
+                dict(counts.rejected_records),
+                dict(counts.tokens),
+                dict(counts.bytes),
+            )
             spans = dict(counts.spans)
             dedup = self.dedup.stats()
         family = CounterMetricFamily(
@@ -193,6 +202,10 @@ class Ingestor:
         for (name, doc), values in zip(
             (
                 ("goodput_ingest_records", "Request records applied to the goodput engine."),
+                (
+                    "goodput_ingest_rejected_records",
+                    "Records of accepted batches refused one by one (out of the engine's range).",
+                ),
                 ("goodput_ingest_tokens", "Output tokens (token timestamps) applied."),
                 ("goodput_ingest_received_bytes", "Request body bytes received."),
             ),
@@ -233,7 +246,13 @@ class Ingestor:
         header: BatchHeader | None,
     ) -> IngestOutcome:
         try:
-            self.engine.ingest(batch, validate=not validated)
+            if not validated:
+                batch.validate()  # the screen reads the batch's shape: check it first
+            now = self.engine.now()
+            screened = screen(batch, now)
+            batch = screened.batch
+            # The same clock reading as the screen: what it took, the engine counts.
+            self.engine.ingest(batch, validate=False, now=now)
         except Exception as exc:
             self._count(protocol, "failed", num_bytes)
             logger.exception(
@@ -254,6 +273,7 @@ class Ingestor:
         counts = self._counts
         self._count(protocol, "applied", num_bytes)
         counts.records[protocol] += len(batch)
+        counts.rejected_records[protocol] += len(screened.rejections)
         counts.tokens[protocol] += num_tokens
         return IngestOutcome(
             duplicate=False,
@@ -263,6 +283,7 @@ class Ingestor:
             num_final=int(np.count_nonzero(batch.final)),
             num_emissions=batch.num_emissions,
             num_tokens=num_tokens,
+            rejections=screened.rejections,
         )
 
     def _count(self, protocol: str, outcome: str, num_bytes: int) -> None:

@@ -27,8 +27,8 @@ pass per request, not per token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as SpanStatus
 
 from controlplane.ingest import otlp_attributes as attr
+from controlplane.ingest.screen import MAX_REQUEST_S, MAX_TOKENS_PER_EMISSION
 from exporters.records import (
     LABEL_KEYS,
     NUM_PHASES,
@@ -51,6 +52,7 @@ __all__ = ["MAX_REPORTED_REASONS", "SpanMapping", "map_spans"]
 
 #: How many rejection reasons the response's error_message quotes (the count is exact).
 MAX_REPORTED_REASONS = 5
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,14 @@ class SpanMapping:
     num_ignored: int
     num_rejected: int
     reasons: tuple[str, ...]
+
+    def rejecting(self, reasons: Sequence[str]) -> SpanMapping:
+        """This mapping with ``reasons`` more rejected spans (refused after mapping)."""
+        if not reasons:
+            return self
+        return replace(
+            self, num_rejected=self.num_rejected + len(reasons), reasons=(*self.reasons, *reasons)
+        )
 
     @property
     def error_message(self) -> str:
@@ -151,6 +161,8 @@ def _token_events(span: Any, completion: float | None) -> tuple[list[int], list[
     token = attr.TOKEN_EVENT
     events = span.events
     times = [e.time_unix_nano for e in events if e.name == token]
+    if times and max(times) > INT64_MAX:
+        raise ValueError(f"token event time_unix_nano must be below 2**63, got {max(times)}")
     if completion is None or completion == len(times):
         return times, [1] * len(times)
     return times, [_event_tokens(e) for e in events if e.name == token]
@@ -160,9 +172,14 @@ def _event_tokens(event: Any) -> int:
     for kv in event.attributes:
         if kv.key == attr.ATTR_EVENT_TOKENS:
             value = attr.value_of(kv.value)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 1 <= value <= MAX_TOKENS_PER_EMISSION
+            ):
                 raise ValueError(
-                    f"event {attr.ATTR_EVENT_TOKENS} must be an int >= 1, got {value!r}"
+                    f"event {attr.ATTR_EVENT_TOKENS} must be an int in "
+                    f"[1, {MAX_TOKENS_PER_EMISSION}], got {value!r}"
                 )
             return value
     return 1
@@ -185,19 +202,29 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
     """Append one llm_request span's record, or raise ValueError saying why it cannot be."""
     attrs = {kv.key: kv.value for kv in span.attributes}
     request_id = attr.text(attrs, attr.ATTR_REQUEST_ID) or span.span_id.hex()
-    if span.start_time_unix_nano <= 0:
-        raise ValueError("start_time_unix_nano must be set (it is the request's arrival)")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if not 0 < start <= INT64_MAX:
+        raise ValueError(
+            f"start_time_unix_nano must be set (it is the request's arrival) and below 2**63, "
+            f"got {start}"
+        )
+    if end and end < start:
+        raise ValueError(
+            f"end_time_unix_nano {end} is before start_time_unix_nano {start} (a negative duration)"
+        )
     ttft_s = attr.number(attrs, attr.ATTR_TTFT)
     e2e_s = attr.number(attrs, attr.ATTR_E2E)
     for key, value in ((attr.ATTR_TTFT, ttft_s), (attr.ATTR_E2E, e2e_s)):
-        if value is not None and value < 0:
-            raise ValueError(f"{key} must be >= 0 seconds, got {value}")
+        if value is not None and not 0 <= value <= MAX_REQUEST_S:
+            raise ValueError(f"{key} must be in [0, {MAX_REQUEST_S}] seconds, got {value}")
     e2e_name = attr.ATTR_E2E
-    if e2e_s is None and span.end_time_unix_nano >= span.start_time_unix_nano:
+    if e2e_s is None and end >= start:
         # Without the attribute (a request that ended without a token), the span's
         # duration is the E2EL: producers end the span when the request finished.
-        e2e_s = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+        e2e_s = (end - start) / 1e9
         e2e_name = "the span's duration"
+        if e2e_s > MAX_REQUEST_S:
+            raise ValueError(f"the span lasts {e2e_s:g} s; at most {MAX_REQUEST_S} s allowed")
     if ttft_s is not None and e2e_s is not None and ttft_s > e2e_s:
         raise ValueError(f"{attr.ATTR_TTFT} {ttft_s} exceeds the E2EL {e2e_s} ({e2e_name})")
     completion = attr.number(attrs, attr.ATTR_COMPLETION_TOKENS)
@@ -209,9 +236,10 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
         if e2e_s is None or completion is None:
             missing = attr.ATTR_E2E if e2e_s is None else attr.ATTR_COMPLETION_TOKENS
             raise ValueError(f"{missing} is missing (and the span has no token events)")
-        if completion < 0 or not completion.is_integer():
+        if not 0 <= completion <= MAX_TOKENS_PER_EMISSION or not completion.is_integer():
             raise ValueError(
-                f"{attr.ATTR_COMPLETION_TOKENS} must be an integer >= 0, got {completion}"
+                f"{attr.ATTR_COMPLETION_TOKENS} must be an integer in "
+                f"[0, {MAX_TOKENS_PER_EMISSION}], got {completion:g}"
             )
         times, tokens = _summary_emissions(
             span.start_time_unix_nano, ttft_s, e2e_s, int(completion)
@@ -308,7 +336,7 @@ def map_spans(request: ExportTraceServiceRequest) -> SpanMapping:
                     continue
                 try:
                     _add_span(rows, index, span, service)
-                except ValueError as exc:
+                except (ValueError, OverflowError) as exc:
                     reasons.append(f"span {index} ({span.span_id.hex() or 'no id'}): {exc}")
     batch, bad = _to_batch(rows)
     if bad.any():

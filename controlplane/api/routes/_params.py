@@ -3,7 +3,7 @@ reach the database with an absurd value)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Path, Query
@@ -13,9 +13,16 @@ __all__ = ["FilterText", "Limit", "Offset", "Ref", "Timestamp"]
 
 
 def _aware(value: datetime) -> datetime:
+    """``value`` in UTC: a time zone is required, and the instant must exist in UTC (the
+    database compares in UTC; ``0001-01-01T00:00:00+14:00`` is before year 1 there)."""
     if value.tzinfo is None:
         raise ValueError("must have a time zone, e.g. 2026-01-31T12:00:00Z")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            "must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z once in UTC"
+        ) from None
 
 
 def _iso_8601(value: object) -> object:

@@ -12,7 +12,10 @@ breaks the contract (the entry names the field, e.g. ``emission_offsets_us``); 4
 tenant-scoped key sending another tenant's records; 409 for a ``seq`` below the
 de-duplication window (an exporter restarted under the same id); 413; 415; 503 when the
 engine failed or has not loaded the SLO set yet (nothing applied; the exporter retries). A
-batch is applied whole or not at all. The decoding and the engine's work run in a worker
+batch that breaks the contract is refused whole; in a batch that decodes, a record the
+engine could not count (out of its time range, too many tokens, phases out of order, a
+repeated id: ``controlplane.ingest.screen``) is left out alone and listed in ``rejected``
+with a 200, the others applied. The decoding and the engine's work run in a worker
 thread.
 """
 
@@ -46,7 +49,7 @@ from controlplane.schemas.common import ErrorPublic, responses
 from controlplane.schemas.ingest import WIRE_BATCH_JSON_SCHEMA
 from exporters.wire import CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON, WireError, decode_any
 
-__all__ = ["IngestResultPublic", "router"]
+__all__ = ["IngestResultPublic", "RecordRejectionPublic", "router"]
 
 router = APIRouter(tags=["ingest"])
 
@@ -70,8 +73,18 @@ BAD_REQUEST: dict[int | str, dict[str, Any]] = {
 }
 
 
+class RecordRejectionPublic(BaseModel):
+    """A record of the batch that was not taken: its row (0-based, as sent), id and why."""
+
+    index: int
+    request_id: str
+    field: str
+    msg: str
+
+
 class IngestResultPublic(BaseModel):
-    """What the batch did; counts are of what was applied (all 0 for a duplicate)."""
+    """What the batch did; counts are of what was applied (all 0 for a duplicate).
+    ``rejected`` lists exactly the records not taken (``num_rejected`` of them)."""
 
     duplicate: bool
     exporter_id: str
@@ -80,6 +93,8 @@ class IngestResultPublic(BaseModel):
     num_final: int
     num_emissions: int
     num_tokens: int
+    num_rejected: int = 0
+    rejected: list[RecordRejectionPublic] = []
 
 
 def _decode_and_apply(
@@ -150,4 +165,11 @@ async def ingest(principal: Ingest, live: LiveDep, request: Request) -> IngestRe
         num_final=outcome.num_final,
         num_emissions=outcome.num_emissions,
         num_tokens=outcome.num_tokens,
+        num_rejected=len(outcome.rejections),
+        rejected=[
+            RecordRejectionPublic(
+                index=r.index, request_id=r.request_id, field=r.field, msg=f"{r.field} {r.reason}"
+            )
+            for r in outcome.rejections
+        ],
     )

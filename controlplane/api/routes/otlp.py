@@ -167,7 +167,7 @@ async def export_traces(principal: Ingest, request: Request) -> Response:
     )
     if len(mapping.batch):
         try:
-            await run_in_threadpool(
+            outcome = await run_in_threadpool(
                 ingestor.apply_unsequenced,
                 mapping.batch,
                 tenant=principal.tenant,
@@ -178,5 +178,8 @@ async def export_traces(principal: Ingest, request: Request) -> Response:
             return _status_response(403, str(exc), content_type)
         except IngestFailedError as exc:
             return _status_response(503, str(exc), content_type)
+        mapping = mapping.rejecting(
+            [f"request {r.request_id!r}: {r.field} {r.reason}" for r in outcome.rejections]
+        )
     payload, media = export_response(content_type, mapping.num_rejected, mapping.error_message)
     return Response(payload, media_type=media)

@@ -6,6 +6,7 @@ only that tenant's SLOs.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -16,9 +17,9 @@ from controlplane.api.routes._params import FilterText, Limit, Offset, Ref
 from controlplane.db import utcnow
 from controlplane.errors import (
     InvalidInputError,
-    PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
+from controlplane.ingest import read_limited
 from controlplane.schemas.common import NAME_PATTERN, responses
 from controlplane.schemas.slo import (
     SLOApplied,
@@ -120,16 +121,14 @@ async def import_slos(
         raise UnsupportedMediaTypeError(
             f"content-type must be one of {list(YAML_MEDIA_TYPES)}, got {media_type!r}"
         )
-    declared = request.headers.get("content-length", "0")
-    if declared.isdigit() and int(declared) > settings.max_import_bytes:
-        raise PayloadTooLargeError(
-            f"body must be at most {settings.max_import_bytes} bytes, got {declared}"
-        )
-    raw = await request.body()
-    if len(raw) > settings.max_import_bytes:
-        raise PayloadTooLargeError(
-            f"body must be at most {settings.max_import_bytes} bytes, got {len(raw)}"
-        )
+    # Refused as soon as the stream passes the limit (a chunked body too), never read whole.
+    raw = await read_limited(
+        request.stream(),
+        content_length=request.headers.get("content-length"),
+        content_encoding=None,
+        max_bytes=settings.max_import_bytes,
+        setting="max_import_bytes",
+    )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -138,7 +137,9 @@ async def import_slos(
         ) from None
     now = utcnow()
     applied: list[SLOApplied] = []
-    for definition in openslo.parse_documents(text):
+    # Off the event loop, bounded in depth and time (YAML parsing is CPU-bound).
+    definitions = await asyncio.to_thread(openslo.parse_documents, text)
+    for definition in definitions:
         action, slo = await service.apply_slo(
             session, definition, actor=principal.actor, now=now, tenant=principal.tenant
         )

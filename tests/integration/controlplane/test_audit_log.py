@@ -76,3 +76,26 @@ async def test_bad_filter_is_422(client: httpx.AsyncClient, admin_headers: dict[
     response = await client.get("/api/v1/audit?action=DROP TABLE", headers=admin_headers)
     assert response.status_code == 422
     assert response.json()["detail"][0]["field"] == "action"
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        ("since=0001-01-01T00:00:00%2B14:00", 422),  # before year 1 in UTC
+        ("until=9999-12-31T23:59:59-14:00", 422),  # after year 9999 in UTC
+        ("since=0001-01-01T00:00:00Z", 200),
+        ("until=9999-12-31T23:59:59%2B14:00", 200),
+    ],
+)
+async def test_extreme_datetimes_are_answered_never_a_500(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], query: str, status: int
+) -> None:
+    """Regression: ``since=0001-01-01T00:00:00+14:00`` was a 500."""
+    response = await client.get(f"/api/v1/audit?{query}", headers=admin_headers)
+    assert response.status_code == status, response.text
+    if status == 422:
+        name, value = query.split("=")
+        assert response.json()["detail"][0]["msg"] == (
+            f"{name} must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z once in "
+            f"UTC, got {value.replace('%2B', '+')!r}"
+        )

@@ -97,12 +97,47 @@ async def test_a_batch_applies_once_and_a_resend_is_a_duplicate(
         "num_final": 3,
         "num_emissions": 9,
         "num_tokens": 9,
+        "num_rejected": 0,
+        "rejected": [],
     }
     again = await client.post(INGEST, content=body, headers=ingest_headers)
     assert again.status_code == 200
     assert again.json()["duplicate"] is True
     assert again.json()["num_records"] == 0
     assert await requests_counted(app, client, admin_headers) == 3
+
+
+async def test_records_the_engine_cannot_place_are_listed_and_the_rest_applied(
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    ingest_headers: dict[str, str],
+    admin_headers: dict[str, str],
+    slo: Any,
+) -> None:
+    """Regression: arrival <= 0 was answered 200 and counted in goodput_ingest_records_total,
+    then dropped by the engine without a word."""
+    good = records(3)
+    bad = RecordBatch.from_records([next(records(1).records())])
+    bad.arrival_time_ns[0] = 0
+    bad.request_ids[0] = "zero"
+    response = await client.post(
+        INGEST, content=binary(RecordBatch.concat([good, bad])), headers=ingest_headers
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["num_records"], body["num_rejected"]) == (3, 1)
+    assert body["rejected"] == [
+        {
+            "index": 3,
+            "request_id": "zero",
+            "field": "arrival_time_ns",
+            "msg": "arrival_time_ns must be >= 946684800000000000 (2000-01-01T00:00:00Z), got 0",
+        }
+    ]
+    assert await requests_counted(app, client, admin_headers) == 3
+    metrics = (await client.get("/metrics", headers=admin_headers)).text
+    assert 'goodput_ingest_records_total{protocol="wire"} 3.0' in metrics
+    assert 'goodput_ingest_rejected_records_total{protocol="wire"} 1.0' in metrics
 
 
 async def test_json_and_gzip_bodies_are_accepted(

@@ -163,6 +163,31 @@ async def test_the_real_exporter_delivers_records_that_show_up_in_goodput(
         assert 'goodput_ingest_records_total{protocol="wire"} 41.0' in metrics
 
 
+async def test_the_exporter_counts_refused_records_and_delivers_the_rest(
+    serve: ServerFactory, database_url: str
+) -> None:
+    server = serve()
+    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
+        assert (await http.post("/api/v1/slos", json=CHAT)).status_code == 201
+        exporter = ControlPlaneExporter(
+            server.url, api_key=await new_key(database_url, Role.INGEST), flush_interval_s=0.05
+        )
+        recorder = RequestRecorder(Vantage.GATEWAY, exporter)
+        for k in range(10):
+            trace = recorder.start("same" if k < 3 else f"r{k}", Labels(model="llama"))
+            trace.token()
+            trace.finish()
+        assert await asyncio.to_thread(exporter.force_flush, 10.0)
+        await asyncio.to_thread(exporter.shutdown, 5.0)
+        stats = exporter.stats()
+        # Three final records of request "same" in one batch: one is counted, two refused.
+        assert (stats.num_exported_records, stats.num_rejected_records) == (8, 2)
+        assert stats.num_rejected_batches == 0
+        body = (await http.get("/api/v1/slos/chat/goodput?window=1m")).json()
+        assert body["requests"] == 8
+
+
 async def test_long_window_stats_survive_a_restart(serve: ServerFactory, database_url: str) -> None:
     first = serve()
     admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}

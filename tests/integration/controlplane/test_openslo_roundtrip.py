@@ -3,9 +3,17 @@ the document and field; an import is all or nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
+
+from controlplane import openslo
+from controlplane.errors import InvalidInputError
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +135,8 @@ async def test_threshold_sli_and_native_documents_import(
         ),
         ("a: [", "body", None),
         ("x: &a [1]\ny: *a\n", "body", "YAML aliases (*name) are not allowed in an import"),
+        ("[" * 40 + "]" * 40, "body", "YAML nests deeper than 32 levels"),
+        ("[" * 50_000, "body", None),  # libyaml's own nesting limit (1,000) comes first
     ],
 )
 async def test_invalid_import_names_document_and_field_and_writes_nothing(
@@ -159,3 +169,50 @@ async def test_import_needs_yaml_content_type(
         "detail": "content-type must be one of ['application/yaml', 'application/x-yaml', "
         "'text/yaml'], got 'application/json'"
     }
+
+
+async def test_deep_yaml_never_blocks_the_event_loop(
+    client: httpx.AsyncClient, operator_headers: dict[str, str]
+) -> None:
+    """Regression: 4,000 bytes of nested ``[`` took 10.8 s on the event loop (``/health``
+    did not answer); 50,000 bytes did not finish within 60 s."""
+    started = time.monotonic()
+    response, health = await asyncio.gather(
+        client.post(
+            "/api/v1/slos:import", content="[" * 50_000, headers={**operator_headers, **YAML}
+        ),
+        client.get("/health"),
+    )
+    assert (response.status_code, health.status_code) == (422, 200)
+    assert time.monotonic() - started < 2.0
+
+
+def test_the_parse_budget_bounds_a_slow_parse() -> None:
+    text = "- {a: 1}\n" * 20_000
+    with pytest.raises(InvalidInputError) as exc:
+        openslo.parse_documents(text, budget_s=0.0)
+    assert exc.value.message == "YAML took more than 0 s to parse"
+
+
+async def test_a_chunked_import_body_is_refused_while_streaming(
+    client: httpx.AsyncClient, operator_headers: dict[str, str], app: FastAPI
+) -> None:
+    """Regression: ``slos:import`` read a chunked body whole before its 1 MiB check."""
+    limit = app.state.settings.max_import_bytes
+    sent = 0
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(200):  # 200 MiB if it were read whole
+            sent += 1 << 20
+            yield b"#" * (1 << 20)
+
+    response = await client.post(
+        "/api/v1/slos:import", content=chunks(), headers={**operator_headers, **YAML}
+    )
+    assert response.status_code == 413
+    assert response.json() == {
+        "detail": f"body must be at most {limit} bytes (setting max_import_bytes), "
+        f"got more than {limit} bytes"
+    }
+    assert sent <= 3 << 20

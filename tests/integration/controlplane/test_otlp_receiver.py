@@ -188,10 +188,15 @@ def applied(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> list[RequestRecord
 async def test_protobuf_json_and_gzip_bodies_with_partial_success(
     app: FastAPI, client: httpx.AsyncClient, otlp_headers: dict[str, str]
 ) -> None:
+    t0 = time.time_ns() - 5 * 10**9  # within the engine's window: every mapped span counts
     request = export_request(
-        span(vllm_attributes(request_id="a")),
-        span({"gen_ai.request.id": "broken"}, span_id=b"\x0b" * 8),
-        span({"gen_ai.request.id": "full"}, token_times_ns=[2 * 10**18, 2 * 10**18 + 10**7]),
+        span(vllm_attributes(request_id="a"), start_ns=t0),
+        span({"gen_ai.request.id": "broken"}, span_id=b"\x0b" * 8, start_ns=t0),
+        span(
+            {"gen_ai.request.id": "full"},
+            start_ns=t0,
+            token_times_ns=[t0 + 10**8, t0 + 10**8 + 10**7],
+        ),
     )
     response = await client.post(TRACES, content=request.SerializeToString(), headers=otlp_headers)
     assert response.status_code == 200
@@ -204,7 +209,9 @@ async def test_protobuf_json_and_gzip_bodies_with_partial_success(
     )
     assert records_of(app) == 2
 
-    document = json.loads(json_format.MessageToJson(export_request(span(vllm_attributes()))))
+    document = json.loads(
+        json_format.MessageToJson(export_request(span(vllm_attributes(), start_ns=t0)))
+    )
     only = document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
     only["spanId"], only["traceId"] = "0102030405060708", "11" * 16  # OTLP/JSON: hex ids
     headers = {**otlp_headers, "Content-Type": "application/json", "Content-Encoding": "gzip"}
@@ -228,7 +235,11 @@ async def test_mapped_records_are_engine_vantage_summaries(
     arrival = time.time_ns() - 5 * 10**9
     request = export_request(
         span(vllm_attributes(**{"gen_ai.request.model": "llama"}), start_ns=arrival),
-        span(vllm_attributes(**{"gen_ai.request.model": "llama"}), start_ns=arrival, error="x"),
+        span(
+            vllm_attributes(request_id="cmpl-2", **{"gen_ai.request.model": "llama"}),
+            start_ns=arrival,
+            error="x",
+        ),
     )
     await client.post(TRACES, content=request.SerializeToString(), headers=otlp_headers)
     stats = (

@@ -113,7 +113,7 @@ def test_events_are_one_token_each_when_the_count_agrees() -> None:
     assert mapping.batch.emission_tokens.tolist() == [1, 1]
     bad = span({"gen_ai.usage.completion_tokens": 7}, token_times_ns=times, token_counts=[1, 0])
     assert map_spans(export_request(bad)).reasons == (
-        "span 0 (0102030405060708): event goodput.tokens must be an int >= 1, got 0",
+        "span 0 (0102030405060708): event goodput.tokens must be an int in [1, 1048576], got 0",
     )
 
 
@@ -167,7 +167,8 @@ def test_unmappable_spans_are_rejected_alone_with_reasons() -> None:
         "has no token events)",
         "span 2 (bbbbbbbbbbbbbbbb): gen_ai.latency.time_to_first_token 2.0 exceeds the E2EL "
         "1.0 (gen_ai.latency.e2e)",
-        "span 3 (cccccccccccccccc): gen_ai.latency.time_to_first_token must be >= 0 seconds, "
+        "span 3 (cccccccccccccccc): gen_ai.latency.time_to_first_token must be in [0, 604800] "
+        "seconds, "
         "got -0.1",
         "span 4 (dddddddddddddddd): gen_ai.latency.e2e must be a number, got '1.2'",
         "span 5 (eeeeeeeeeeeeeeee): goodput.status must be one of ['ok', 'error', 'aborted', "
@@ -256,3 +257,47 @@ def test_rpc_status_is_a_google_rpc_status() -> None:
     assert (status.code, status.message, media) == (3, "body: bad ✓", "application/x-protobuf")
     body, media = rpc_status(14, "later", "application/json")
     assert (json.loads(body), media) == ({"code": 14, "message": "later"}, "application/json")
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (
+            span(vllm_attributes(completion=2**31)),
+            "gen_ai.usage.completion_tokens must be an integer in [0, 1048576], got 2.14748e+09",
+        ),
+        (
+            span(vllm_attributes(), start_ns=2**63, end_ns=2**63 + 1),
+            f"start_time_unix_nano must be set (it is the request's arrival) and below 2**63, "
+            f"got {2**63}",
+        ),
+        (
+            span(vllm_attributes(e2e_s=1e300)),
+            "gen_ai.latency.e2e must be in [0, 604800] seconds, got 1e+300",
+        ),
+        (
+            span({"gen_ai.usage.completion_tokens": 0}, end_ns=T0_NS - 1),
+            f"end_time_unix_nano {T0_NS - 1} is before start_time_unix_nano {T0_NS} "
+            "(a negative duration)",
+        ),
+        (
+            span(
+                {"gen_ai.usage.completion_tokens": 3},
+                token_times_ns=[T0_NS + MS, T0_NS + 2 * MS],
+                token_counts=[1, 2**31],
+            ),
+            "event goodput.tokens must be an int in [1, 1048576], got 2147483648",
+        ),
+        (
+            span({}, token_times_ns=[T0_NS + MS, 2**64 - 1]),
+            f"token event time_unix_nano must be below 2**63, got {2**64 - 1}",
+        ),
+    ],
+)
+def test_out_of_range_spans_are_rejected_alone(bad: object, reason: str) -> None:
+    """Regression: one span with a token count >= 2**31, a start >= 2**63 ns or a latency of
+    1e300 s made the whole export a 500 and lost the good spans with it."""
+    good = span(vllm_attributes(request_id="good"), span_id=b"\x09" * 8)
+    mapping = map_spans(export_request(good, bad))
+    assert mapping.batch.request_ids == ["good"]
+    assert mapping.reasons == (f"span 1 (0102030405060708): {reason}",)
