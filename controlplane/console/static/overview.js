@@ -31,7 +31,7 @@ const burnCell = (v) => h("td", { class: "num" }, num(v, 1));
 function render(r) {
   const labels = [r.model ?? "any model", r.tenant ?? "any tenant", r.vantage].join(" · ");
   const tr = h("tr", { "data-slo": r.slo_id, "data-status": r.status, class: `status-${r.status}` },
-    h("th", { scope: "row" }, h("span", { class: "dot", title: r.status, "aria-label": r.status }),
+    h("th", { scope: "row" }, h("span", { class: "dot", role: "img", title: r.status, "aria-label": r.status }),
       h("a", { href: `/console/slos/${encodeURIComponent(r.slo_id)}` }, r.slo_name)),
     h("td", {}, labels),
     h("td", { class: "num" }, num(r.goodput_rps)),
