@@ -41,6 +41,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from controlplane.admission_runtime import admission_lifespan
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
+from controlplane.api.limits import RequestLimits
 from controlplane.api.routes import (
     audit,
     automation,
@@ -119,6 +120,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     app.state.settings = settings
     app.state.metrics_registry = app_registry()
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, settings=settings)
     # Outside /api/v1, with the errors any route may answer (its query, the key's database).
     app.include_router(health.router, responses=responses(422, 503))
     app.include_router(metrics.router, responses=responses(422, 503))

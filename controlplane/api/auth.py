@@ -46,10 +46,12 @@ from controlplane.settings import Settings
 
 __all__ = [
     "ANONYMOUS",
+    "PRINCIPAL_SCOPE_KEY",
     "OpenSetting",
     "Principal",
     "RoleRequirement",
     "assert_routes_guarded",
+    "bearer_credentials",
     "document_open_routes",
     "grants",
     "require",
@@ -122,6 +124,10 @@ class RoleRequirement:
         settings: Settings = request.app.state.settings
         if self.is_open(settings):
             return ANONYMOUS
+        # Authenticated before the body was read (controlplane.api.limits): not twice.
+        early: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
+        if early is not None and early.role is not None and grants(early.role, self.role):
+            return early
         key: AuthenticatedKey | OpenSession | None
         if credentials is None or not credentials.credentials:
             # The console's sign-in cookie stands for the key it was opened with.
@@ -147,6 +153,15 @@ class RoleRequirement:
                 f"key {key.name!r} has role {key.role.value!r}",
             )
         return principal
+
+
+#: Where :mod:`controlplane.api.limits` keeps the principal it authenticated early.
+PRINCIPAL_SCOPE_KEY = "goodput.principal"
+
+
+async def bearer_credentials(request: Request) -> HTTPAuthorizationCredentials | None:
+    """The request's bearer credentials, as the routes' dependency reads them."""
+    return await _bearer(request)
 
 
 def require(role: Role, *, open_setting: OpenSetting | None = None) -> RoleRequirement:
