@@ -11,11 +11,14 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 __all__ = ["DEFAULT_DATABASE_URL", "Settings"]
 
@@ -32,7 +35,13 @@ class Settings(BaseSettings):
     ``open_health`` / ``open_metrics`` serve ``/health`` and ``/metrics`` without a key (for
     load balancers and Prometheus); when false they need a viewer key.
     ``max_ingest_bytes`` bounds an ingest or OTLP body (before and after gzip);
+    ``max_request_bytes`` every other body (``max_import_bytes`` an SLO import's),
+    ``max_header_bytes`` the request headers; a handler that has not answered within
+    ``request_timeout_s`` is a 503 (docs/api.md, *Limits*);
     ``ingest_dedup_window`` / ``ingest_max_exporters`` bound batch de-duplication;
+    ``durable_ingest``: acknowledge a batch only once it is in the write-ahead log on disk
+    (``wal_fsync``), in ``wal_dir`` (default: beside a SQLite file, else
+    ``var/wal/<digest of the database URL>``; see :meth:`wal_path`);
     ``slo_poll_interval_s`` is how often the live engine looks for SLO changes;
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
@@ -60,11 +69,20 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = Field(default=5.0, ge=0)
     ready_timeout_s: float = Field(default=2.0, gt=0)
     max_import_bytes: int = Field(default=1_048_576, gt=0)
+    # Limits before work (controlplane.api.limits): any other route's body, the request
+    # headers, and how long a handler may take to start its response.
+    max_request_bytes: int = Field(default=1_048_576, gt=0)
+    max_header_bytes: int = Field(default=16_384, gt=0)
+    request_timeout_s: float = Field(default=30.0, gt=0)
     # Ingest and the live goodput engine (docs/ingest.md).
     max_ingest_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ingest_dedup_window: int = Field(default=1024, ge=1, le=65_536)
     ingest_max_exporters: int = Field(default=100_000, ge=1)
     slo_poll_interval_s: float = Field(default=1.0, gt=0)
+    # Durable acknowledgement: the ingest write-ahead log (docs/goodput-engine.md).
+    durable_ingest: bool = True
+    wal_dir: str | None = None
+    wal_fsync: bool = True
     database_retry_max_s: float = Field(default=30.0, gt=0)
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
@@ -103,6 +121,22 @@ class Settings(BaseSettings):
                 f"database_url must be a sqlite:// or postgresql:// URL, got {scheme!r}"
             )
         return value
+
+    def wal_path(self) -> Path | None:
+        """The write-ahead log's folder, ``None`` when ingest is not durable (or the
+        database is in memory, whose history a restart loses anyway)."""
+        if not self.durable_ingest:
+            return None
+        if self.wal_dir:
+            return Path(self.wal_dir)
+        url = make_url(self.database_url)
+        if url.get_backend_name() == "sqlite":
+            database = url.database or ""
+            if database in ("", ":memory:") or database.startswith("file::memory:"):
+                return None
+            return Path(f"{database}.wal.d")
+        digest = hashlib.sha256(self.database_url.encode()).hexdigest()[:16]
+        return Path("var") / "wal" / digest
 
     @property
     def log_level_number(self) -> int:
