@@ -135,6 +135,7 @@ class _Setup:
     env: dict[str, str]
     ingest_key: str
     viewer_key: str
+    operator_key: str
     slo_name: str
 
 
@@ -151,10 +152,26 @@ def _prepare(options: DemoOptions, say: Say) -> _Setup:
     run_cli(env, "db", "upgrade")
     ingest_key = run_cli(env, "admin", "create-key", "--role", "ingest", "--name", "demo-ingest")
     viewer_key = run_cli(env, "admin", "create-key", "--role", "viewer", "--name", "demo-viewer")
+    operator_key = run_cli(
+        env, "admin", "create-key", "--role", "operator", "--name", "demo-operator"
+    )
     applied = run_cli(env, "slo", "apply", "-f", str(options.slo_file)).split()
     if len(applied) < 2:  # "created demo-chat (version 1)"
         raise DemoError(f"`goodput slo apply` printed no SLO for {options.slo_file}")
-    return _Setup(env, ingest_key.strip(), viewer_key.strip(), applied[1])
+    return _Setup(env, ingest_key.strip(), viewer_key.strip(), operator_key.strip(), applied[1])
+
+
+def sign_in_links(client: httpx.Client, keys: Mapping[str, str]) -> list[str]:
+    """One console line per role: a one-time sign-in link minted with that role's key."""
+    lines = []
+    for role, key in keys.items():
+        response = client.post(
+            "/api/v1/sessions/links", json={}, headers={"Authorization": f"Bearer {key}"}
+        )
+        if response.status_code != 201:
+            raise DemoError(f"minting a sign-in link answered HTTP {response.status_code}")
+        lines.append(f"  sign in as {role} (once): {client.base_url}{response.json()['path']}")
+    return lines
 
 
 def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
@@ -206,6 +223,10 @@ def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
                 f"{schedule.period_s:g} s; token times from the stand-in 1P1D Llama-3.1-8B "
                 "model (docs/demo.md)",
                 "",
+                f"Console: {base_url}/console/",
+                *sign_in_links(
+                    client, {"viewer": setup.viewer_key, "operator": setup.operator_key}
+                ),
                 f"Live goodput: {watch}",
                 f"  curl -s -H 'Authorization: Bearer {setup.viewer_key}' '{watch}'",
                 f"  curl -N -H 'Authorization: Bearer {setup.viewer_key}' "
