@@ -75,7 +75,13 @@ async function start() {
     showError(error);
   }
   const stream = new EventSource(`/api/v1/goodput/summary/stream?${query}`);
-  stream.addEventListener("summary", (e) => { showError(null); apply(JSON.parse(e.data)); });
+  stream.addEventListener("summary", (e) => {
+    const received = performance.now();
+    showError(null);
+    apply(JSON.parse(e.data));
+    // Update-to-paint time, readable with performance.getEntriesByName("sse-to-paint").
+    requestAnimationFrame(() => performance.measure("sse-to-paint", { start: received }));
+  });
   stream.onerror = () => { live.textContent = "reconnecting…"; };
 }
 
