@@ -114,16 +114,8 @@ async def sign_in(
         expires_at=now + timedelta(seconds=ttl_s),
     )
     session.add(row)
-    await audit.record(
-        session,
-        actor=f"key:{key.id}:{key.name}",
-        action="session.create",
-        target_type="api_key",
-        target_id=str(key.id),
-        before=None,
-        after={"expires_at": row.expires_at.isoformat()},
-        now=now,
-    )
+    after = {"expires_at": row.expires_at.isoformat()}
+    await _audit(session, key, "session.create", after, now)
     opened = OpenSession(key.id, key.name, key.role, key.tenant, row.csrf_token, row.expires_at)
     return token, opened
 
@@ -196,17 +188,27 @@ async def sign_out(session: AsyncSession, token: str, *, now: datetime) -> bool:
     )
     if opened is None:
         return False
+    await _audit(session, opened, "session.delete", None, now)
+    return True
+
+
+async def _audit(
+    session: AsyncSession,
+    key: AuthenticatedKey | OpenSession,
+    action: str,
+    after: dict[str, Any] | None,
+    now: datetime,
+) -> None:
     await audit.record(
         session,
-        actor=f"key:{opened.id}:{opened.name}",
-        action="session.delete",
+        actor=f"key:{key.id}:{key.name}",
+        action=action,
         target_type="api_key",
-        target_id=str(opened.id),
+        target_id=str(key.id),
         before=None,
-        after=None,
+        after=after,
         now=now,
     )
-    return True
 
 
 async def console_session(request: Request) -> OpenSession:

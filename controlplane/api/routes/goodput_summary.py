@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -228,24 +228,25 @@ def _shared(request: Request, live: LiveGoodput) -> _SharedSummary:
 VantageFilter = Annotated[SLOVantage | None, Query(description="gateway or engine")]
 
 
-def _filter(
-    scope: str | None, model: str | None, tenant: str | None, vantage: SLOVantage | None
+def summary_filter(
+    principal: Viewer,
+    model: FilterText | None = None,
+    tenant: FilterText | None = None,
+    vantage: VantageFilter = None,
 ) -> SummaryFilter:
-    return SummaryFilter(model, tenant, None if vantage is None else vantage.value, scope)
+    """The caller's filter (role ``viewer``; a tenant key sees only its tenant)."""
+    chosen = None if vantage is None else vantage.value
+    return SummaryFilter(model, tenant, chosen, principal.tenant)
+
+
+SummaryFilterDep = Annotated[SummaryFilter, Depends(summary_filter)]
 
 
 @router.get("/goodput/summary")
 async def goodput_summary(
-    *,
-    principal: Viewer,
-    live: LiveDep,
-    request: Request,
-    model: FilterText | None = None,
-    tenant: FilterText | None = None,
-    vantage: VantageFilter = None,
+    where: SummaryFilterDep, live: LiveDep, request: Request
 ) -> GoodputSummaryPublic:
     """Every visible SLO's overview row, most burning first (see the module)."""
-    where = _filter(principal.tenant, model, tenant, vantage)
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
     now, rows = await _shared(request, live).rows(where, max_age_s=interval_s)
     return GoodputSummaryPublic(time=now, data=rows, count=len(rows))
@@ -279,16 +280,9 @@ async def _summary_events(
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
 async def goodput_summary_stream(
-    *,
-    principal: Viewer,
-    live: LiveDep,
-    request: Request,
-    model: FilterText | None = None,
-    tenant: FilterText | None = None,
-    vantage: VantageFilter = None,
+    where: SummaryFilterDep, live: LiveDep, request: Request
 ) -> StreamingResponse:
     """``event: summary``: ``{"time", "full", "rows": [changed rows], "order"?: [ids]}``."""
-    where = _filter(principal.tenant, model, tenant, vantage)
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
     return StreamingResponse(
         _summary_events(_shared(request, live), where, interval_s),
