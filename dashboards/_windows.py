@@ -9,6 +9,7 @@ W / long``. For ``W = 30d`` that gives the workbook's 14.4, 6, 3 and 1 (Sloth's 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = ["ALERT_WINDOWS", "SLI_WINDOWS", "AlertWindow", "duration", "seconds"]
@@ -19,6 +20,7 @@ _UNITS = (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
 SLI_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 
 
+@functools.lru_cache(maxsize=64)
 def seconds(text: str) -> int:
     """``"6h"`` → 21600 (one unit of :data:`_UNITS`)."""
     return int(text[:-1]) * dict(_UNITS)[text[-1]]
