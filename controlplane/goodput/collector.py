@@ -8,7 +8,9 @@ Register it on a registry you pass in (never the global one implicitly)::
 Metrics (``slo`` is the SLO's name; ``window`` is ``10s``, ``1m``, ``5m``, ``1h``, ``1d``
 or ``compliance``), with the PromQL that reads them:
 
-* ``goodput_requests_total{slo,result}`` (counter; result ``good|bad|rejected|aborted``).
+* ``goodput_requests_total{slo,vantage,result}`` (counter; result
+  ``good|bad|rejected|aborted``; ``vantage``, ``gateway`` or ``engine``, is where the SLO
+  judges, one per SLO: it names the series' origin at no cost in series).
   Attainment over any range: ``sum by (slo) (rate(goodput_requests_total{result="good"}[5m]))
   / sum by (slo) (rate(goodput_requests_total{result=~"good|bad"}[5m]))``.
 * ``goodput_slo_violations_total{slo,objective}`` (counter; objective key, e.g. ``itl_p99``).
@@ -76,8 +78,9 @@ class _Families:
         return cls(
             requests=CounterMetricFamily(
                 "goodput_requests",
-                "Requests finished per SLO by result (good, bad, rejected, aborted).",
-                labels=["slo", "result"],
+                "Requests finished per SLO by result (good, bad, rejected, aborted), "
+                "judged at the SLO's vantage.",
+                labels=["slo", "vantage", "result"],
             ),
             violations=CounterMetricFamily(
                 "goodput_slo_violations",
@@ -169,9 +172,11 @@ class GoodputCollector:
         engine = self._engine
         now = self._clock() if self._clock is not None else None
         fam = _Families.new()
+        vantages = {spec.id: spec.vantage.name.lower() for spec in engine.slos}
         for t in engine.totals(now):
+            vantage = vantages.get(t.slo_id, "")
             for result in _RESULTS:
-                fam.requests.add_metric([t.slo_name, result], getattr(t, result))
+                fam.requests.add_metric([t.slo_name, vantage, result], getattr(t, result))
             for key, value in t.violations.items():
                 fam.violations.add_metric([t.slo_name, key], value)
             fam.in_flight.add_metric([t.slo_name], t.in_flight)

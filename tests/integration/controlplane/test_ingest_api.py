@@ -308,5 +308,5 @@ async def test_ingest_counters_are_on_metrics(
     assert 'goodput_ingest_batches_total{outcome="duplicate",protocol="wire"} 1.0' in text
     assert 'goodput_ingest_batches_total{outcome="rejected",protocol="wire"} 1.0' in text
     assert 'goodput_ingest_records_total{protocol="wire"} 2.0' in text
-    assert 'goodput_requests_total{result="good",slo="chat"} 2.0' in text
+    assert 'goodput_requests_total{result="good",slo="chat",vantage="gateway"} 2.0' in text
     assert "process_cpu_seconds_total" in text

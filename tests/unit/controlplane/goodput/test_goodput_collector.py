@@ -46,10 +46,10 @@ def test_request_and_violation_counters(registry: CollectorRegistry) -> None:
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"slo": "name-s1", **labels})
 
-    assert value("goodput_requests_total", result="good") == 2
-    assert value("goodput_requests_total", result="bad") == 1
-    assert value("goodput_requests_total", result="aborted") == 1
-    assert value("goodput_requests_total", result="rejected") == 1
+    assert value("goodput_requests_total", vantage="gateway", result="good") == 2
+    assert value("goodput_requests_total", vantage="gateway", result="bad") == 1
+    assert value("goodput_requests_total", vantage="gateway", result="aborted") == 1
+    assert value("goodput_requests_total", vantage="gateway", result="rejected") == 1
     assert value("goodput_slo_violations_total", objective="ttft") == 1
     assert value("goodput_slo_violations_total", objective="itl_p99") == 1
     assert value("goodput_requests_in_flight") == 1
