@@ -19,8 +19,11 @@ Baseline measured in the same run: the in-process ceiling of the wire path (deco
 ingest with the same SLOs, one thread, no HTTP).
 
 Run from the repo root: ``python benchmarks/ingest_http.py [--quick]``. The last line is one
-JSON object: ``tokens_per_s`` / ``requests_per_s`` (wire path, applied as the server
-reported), ``otlp_tokens_per_s`` and ``otlp_ratio`` = wire tokens/s ÷ OTLP tokens/s, and
+JSON object: ``tokens_per_s`` / ``requests_per_s`` (wire path with durable acknowledgement,
+the default: every batch in the fsync'd write-ahead log before its 200, applied as the
+server reported), ``durable_ratio`` = that ÷ ``nondurable_tokens_per_s`` (the same server
+with ``GOODPUT_DURABLE_INGEST=false``, same run), ``otlp_tokens_per_s`` and ``otlp_ratio`` =
+wire tokens/s ÷ OTLP tokens/s, and
 ``inprocess_tokens_per_s`` / ``inprocess_requests_per_s`` (the baseline).
 """
 
@@ -406,27 +409,31 @@ def main() -> None:
         key = goodput(env, "admin", "create-key", "--role", "ingest", "--name", "bench")
         (folder / "slos.yaml").write_text(SLO_YAML)
         goodput(env, "slo", "apply", "-f", str(folder / "slos.yaml"))
-        port = free_port()
-        server = start_server(env, port)
-        try:
-            common = {
-                "url": f"http://127.0.0.1:{port}",
-                "key": key,
-                "folder": str(folder),
-                "duration_s": duration_s,
-                "connections": connections,
-            }
-            wire = run_client({**common, "kind": "wire"}, folder)
-            otlp = run_client({**common, "kind": "otlp"}, folder)
-        finally:
-            server.terminate()
-            server.wait(30)
+        common = {"key": key, "folder": str(folder), "duration_s": duration_s,
+                  "connections": connections}  # fmt: skip
+        # Durable (the default: each batch fsync'd in the write-ahead log before its 200),
+        # then the same server without the log, on the same database.
+        for durable in ("true", "false"):
+            port = free_port()
+            server = start_server({**env, "GOODPUT_DURABLE_INGEST": durable}, port)
+            try:
+                url = {"url": f"http://127.0.0.1:{port}"}
+                if durable == "true":
+                    wire = run_client({**common, **url, "kind": "wire"}, folder)
+                    otlp = run_client({**common, **url, "kind": "otlp"}, folder)
+                else:
+                    nondurable = run_client({**common, **url, "kind": "wire"}, folder)
+            finally:
+                server.terminate()
+                server.wait(30)
     tokens_per_s = wire["tokens"] / wire["elapsed_s"]
+    nondurable_tokens_per_s = nondurable["tokens"] / nondurable["elapsed_s"]
     otlp_tokens_per_s = otlp["tokens"] / otlp["elapsed_s"]
     print(
         json.dumps(
             {
                 "wire": wire,
+                "wire_nondurable": nondurable,
                 "otlp": otlp,
                 "batch_records": BATCH_RECORDS,
                 "mean_output_tokens": float(w["outputs"].mean()),
@@ -441,6 +448,11 @@ def main() -> None:
                 "requests_per_s": round(wire["records"] / wire["elapsed_s"]),
                 "otlp_ratio": round(tokens_per_s / max(otlp_tokens_per_s, 1e-9), 1),
                 "otlp_tokens_per_s": round(otlp_tokens_per_s),
+                "durable_ratio": round(tokens_per_s / max(nondurable_tokens_per_s, 1e-9), 2),
+                "nondurable_tokens_per_s": round(nondurable_tokens_per_s),
+                "nondurable_requests_per_s": round(
+                    nondurable["records"] / nondurable["elapsed_s"]
+                ),
                 "inprocess_tokens_per_s": round(baseline_tokens),
                 "inprocess_requests_per_s": round(baseline_requests),
                 "quick": args.quick,

@@ -42,8 +42,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -54,6 +57,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.errors import describe_error
 from controlplane.goodput import GoodputCollector, GoodputEngine, MinuteRollup, SLOSpec
 from controlplane.ingest import Deduplicator, IngestCollector, Ingestor
+from controlplane.ingest.replay import replay
+from controlplane.ingest.wal import WriteAheadLog
 from controlplane.services import rollups as rollup_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
@@ -73,6 +78,8 @@ _RETRY_INITIAL_S = 0.5
 # How long stop() lets the loop finish a step before cancelling it (a database that hangs).
 _STOP_GRACE_S = 5.0
 _COUNTS = (
+    "wal_replayed_records",
+    "wal_segments_released",
     "reloads",
     "rollups_written",
     "rollups_dropped",
@@ -81,6 +88,16 @@ _COUNTS = (
     "load_failures",
 )
 Fingerprint = tuple[int, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class WalCheckpointState:
+    """The database's checkpoint of the write-ahead log (see ``controlplane.ingest.replay``)."""
+
+    epoch: str
+    segment: int
+    covered_until_minute: int
+    dedup: bytes
 
 
 class LiveGoodput:
@@ -156,6 +173,8 @@ class LiveGoodput:
                 with contextlib.suppress(asyncio.CancelledError):
                     await step
         await self.write_rollups(until_time=self.clock() + 60.0)
+        if self.ingestor.wal is not None:
+            self.ingestor.wal.close()
         if self._registry is not None:
             # The app may start again (tests, embedders): its registry must not keep us.
             for collector in self._collectors:
@@ -233,7 +252,10 @@ class LiveGoodput:
             # next attempt loads the same SLOs whole (never a set without its history, whose
             # first upsert would overwrite the stored minutes with smaller counts).
             history = await rollup_service.history(session, added, now=self.clock())
+        checkpoint = await self._checkpoint() if self._needs_wal() else None
         self._counts["loaded"] += await asyncio.to_thread(self._install, specs, history)
+        if checkpoint is not None:  # first load: the log's replay before any ingest
+            await asyncio.to_thread(self._open_wal, checkpoint)
         self._fingerprint = fingerprint
         self._counts["reloads"] += 1
         if not self._loaded and self._load_error is not None:
@@ -241,6 +263,38 @@ class LiveGoodput:
         self._loaded, self._load_error = True, None
         logger.info("goodput engine has %d SLO(s) (%d new)", len(specs), len(added))
         return True
+
+    def _needs_wal(self) -> bool:
+        return self.ingestor.wal is None and self.settings.wal_path() is not None
+
+    async def _checkpoint(self) -> WalCheckpointState:
+        """The log's checkpoint from the database; on a fresh database a new epoch, saved
+        before anything is logged under it."""
+        async with self.sessions() as session, session.begin():
+            row = await rollup_service.checkpoint(session)
+            if row is None:
+                epoch = uuid.uuid4().hex
+                await rollup_service.save_checkpoint(
+                    session, epoch=epoch, segment=-1, covered_until_minute=0, dedup=b""
+                )
+                return WalCheckpointState(epoch, -1, 0, b"")
+            return WalCheckpointState(
+                row.epoch, row.segment, row.covered_until_minute, bytes(row.dedup)
+            )
+
+    def _open_wal(self, checkpoint: WalCheckpointState) -> None:
+        path = self.settings.wal_path()
+        assert path is not None
+        wal = WriteAheadLog(path, checkpoint.epoch, fsync=self.settings.wal_fsync)
+        stats = replay(
+            self.ingestor,
+            wal,
+            segment=checkpoint.segment,
+            covered_until_minute=checkpoint.covered_until_minute,
+            dedup=checkpoint.dedup,
+        )
+        self._counts["wal_replayed_records"] += stats.num_records
+        self.ingestor.wal = wal
 
     def _install(self, specs: list[SLOSpec], history: list[MinuteRollup]) -> int:
         """The new set and its new SLOs' history, in one worker-thread step."""
@@ -254,14 +308,29 @@ class LiveGoodput:
         changed, plus any left from a failed write, in one transaction. Returns the rows
         written; on a database error keeps them for the next call and returns 0."""
         until = self.clock() if until_time is None else until_time
-        for rollup in await asyncio.to_thread(self.engine.rollups, until):
+        wal = self.ingestor.wal
+        cut = await asyncio.to_thread(self.ingestor.cut, until)
+        for rollup in cut.rollups:
             self._pending[(rollup.slo_id, rollup.minute_start)] = rollup
+        # An SLO deleted since: its rows would fail the whole write (foreign key) forever.
+        live_ids = {spec.id for spec in self.engine.slos}
+        for key in [k for k in self._pending if k[0] not in live_ids]:
+            del self._pending[key]
         self._trim_pending()
-        if not self._pending:
+        if not self._pending and wal is None:
             return 0
+        covered_until_minute = math.floor(until) // 60
         try:
             async with self.sessions() as session, session.begin():
                 written = await rollup_service.upsert(session, self._pending.values())
+                if wal is not None:  # the same transaction: the rollups and what they cover
+                    await rollup_service.save_checkpoint(
+                        session,
+                        epoch=wal.epoch,
+                        segment=cut.segment,
+                        covered_until_minute=covered_until_minute,
+                        dedup=cut.dedup,
+                    )
         except Exception as exc:  # any database failure: keep the rows, retry next time
             self._counts["write_failures"] += 1
             if not self._failing:
@@ -277,6 +346,9 @@ class LiveGoodput:
         self._failing = False
         self._pending.clear()
         self._counts["rollups_written"] += written
+        if wal is not None:
+            released = wal.release(cut.segment, covered_until_minute)
+            self._counts["wal_segments_released"] += released
         return written
 
     def _trim_pending(self) -> None:
@@ -329,10 +401,13 @@ class LiveGoodput:
     def counts(self) -> dict[str, int]:
         """Runtime counters (reloads, rollups written/dropped/loaded/pending, write and
         load failures) and ``slo_set_loaded`` (1 or 0)."""
+        wal = self.ingestor.wal
         return {
             **self._counts,
             "rollups_pending": len(self._pending),
             "slo_set_loaded": int(self._loaded),
+            "wal_syncs": wal.num_syncs if wal is not None else 0,
+            "wal_segments": len(wal.segments) if wal is not None else 0,
         }
 
 
@@ -375,6 +450,21 @@ class _RuntimeCollector:
             "goodput_slo_load_failures",
             "Attempts to load the SLO set that failed (database down or not migrated).",
             value=counts["load_failures"],
+        )
+        yield CounterMetricFamily(
+            "goodput_wal_replayed_records",
+            "Records the ingest write-ahead log gave back to the engine at start.",
+            value=counts["wal_replayed_records"],
+        )
+        yield CounterMetricFamily(
+            "goodput_wal_syncs",
+            "fsync calls of the ingest write-ahead log (one covers concurrent batches).",
+            value=counts["wal_syncs"],
+        )
+        yield GaugeMetricFamily(
+            "goodput_wal_segments",
+            "Write-ahead log segments on disk (released once a checkpoint covers them).",
+            value=counts["wal_segments"],
         )
 
 

@@ -16,8 +16,9 @@ and a bitmap of the ``window`` sequence numbers at or below it:
 
 Limits: ``window`` bits per exporter (128 bytes at the default 1024), at most
 ``max_exporters`` exporters kept, least recently seen evicted first (a duplicate from an
-evicted exporter is then accepted again); the state is in memory, so a batch applied just
-before a restart and resent after it is counted twice.
+evicted exporter is then accepted again). The state survives a restart through the
+write-ahead log's checkpoint (:meth:`Deduplicator.snapshot` / :meth:`~Deduplicator.restore`)
+and the replay of the batches logged since.
 
 Example::
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
+
+import msgpack
 
 __all__ = ["DEFAULT_MAX_EXPORTERS", "DEFAULT_WINDOW", "DedupStats", "Deduplicator", "SeqVerdict"]
 
@@ -121,6 +124,27 @@ class Deduplicator:
         """The highest ``seq`` applied for ``exporter_id`` (``None`` if not tracked)."""
         state = self._exporters.get(exporter_id)
         return None if state is None else state.high
+
+    def snapshot(self) -> bytes:
+        """The whole state as bytes (for the write-ahead log's checkpoint)."""
+        state = [
+            [exporter_id, e.high, e.seen.to_bytes((self.window + 7) // 8, "little")]
+            for exporter_id, e in self._exporters.items()
+        ]
+        packed: bytes = msgpack.packb(state, use_bin_type=True)
+        return packed
+
+    def restore(self, data: bytes) -> None:
+        """Take the state of a :meth:`snapshot` (least recently seen first, as saved)."""
+        self._exporters.clear()
+        if not data:
+            return
+        for exporter_id, high, seen in msgpack.unpackb(data, raw=False):
+            state = _Exporter(high)
+            state.seen = int.from_bytes(seen, "little") & self._mask
+            self._exporters[exporter_id] = state
+        while len(self._exporters) > self.max_exporters:
+            self._exporters.popitem(last=False)
 
     def stats(self) -> DedupStats:
         return DedupStats(num_exporters=len(self._exporters), num_evicted=self._num_evicted)

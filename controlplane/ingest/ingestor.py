@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -32,7 +33,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from controlplane.goodput import GoodputEngine
 from controlplane.ingest.dedup import Deduplicator, SeqVerdict
+from controlplane.ingest.replay import VOID_ENTRY, Cut, log_entry
 from controlplane.ingest.screen import RecordRejection, screen
+from controlplane.ingest.wal import WalError, WriteAheadLog
 from exporters.records import RecordBatch
 from exporters.wire import BatchHeader
 
@@ -104,10 +107,14 @@ class _Counts:
 class Ingestor:
     """De-duplicates and applies batches to ``engine`` (see the module). Thread-safe."""
 
-    def __init__(self, engine: GoodputEngine, dedup: Deduplicator) -> None:
+    def __init__(
+        self, engine: GoodputEngine, dedup: Deduplicator, wal: WriteAheadLog | None = None
+    ) -> None:
         self.engine = engine
         self.dedup = dedup
-        self._lock = threading.Lock()
+        #: The write-ahead log (``None``: acknowledgements are not durable).
+        self.wal = wal
+        self.lock = self._lock = threading.Lock()
         self._counts = _Counts()
         self._warned_stale: set[str] = set()
         self._listeners: list[Listener] = []
@@ -131,12 +138,16 @@ class Ingestor:
         tenant: str | None = None,
         num_bytes: int = 0,
         validated: bool = True,
+        body: tuple[bytes, str] | None = None,
     ) -> IngestOutcome:
         """Apply a decoded wire batch once per ``(exporter_id, seq)``.
 
         ``tenant``: the key's tenant scope (every record must carry it). ``validated``:
-        the batch came from the wire decoder, which validated it. Raises
-        :class:`StaleBatchError`, :class:`TenantScopeError`, :class:`IngestFailedError`.
+        the batch came from the wire decoder, which validated it. ``body``: the request
+        body and content type it was decoded from (the write-ahead log stores them as they
+        came; without it the batch is encoded again). With a write-ahead log, returns once
+        the batch is on disk. Raises :class:`StaleBatchError`, :class:`TenantScopeError`,
+        :class:`IngestFailedError`.
         """
         check_tenant(batch, tenant)
         with self._lock:
@@ -154,9 +165,10 @@ class Ingestor:
             if verdict is SeqVerdict.DUPLICATE:
                 self._count("wire", "duplicate", num_bytes)
                 return IngestOutcome(True, header.exporter_id, header.seq, 0, 0, 0, 0)
-            outcome = self._ingest(batch, "wire", num_bytes, validated, header)
+            outcome, position = self._ingest(batch, "wire", num_bytes, validated, header, body=body)
             self.dedup.mark(header.exporter_id, header.seq)
-            return outcome
+        self._sync(position)
+        return outcome
 
     def apply_unsequenced(
         self, batch: RecordBatch, *, tenant: str | None = None, num_bytes: int = 0
@@ -164,7 +176,26 @@ class Ingestor:
         """Apply an OTLP-mapped batch (no sequence numbers, so no de-duplication)."""
         check_tenant(batch, tenant)
         with self._lock:
-            return self._ingest(batch, "otlp", num_bytes, False, None)
+            outcome, position = self._ingest(batch, "otlp", num_bytes, False, None, body=None)
+        self._sync(position)
+        return outcome
+
+    def cut(self, until_time: float) -> Cut:
+        """One consistent cut for a checkpoint, under the ingest lock: seal the log's
+        current segment, snapshot the de-duplication state, take the engine's rollups of
+        the minutes complete by ``until_time``."""
+        with self._lock:
+            segment = self.wal.rotate() if self.wal is not None else -1
+            return Cut(segment, self.dedup.snapshot(), self.engine.rollups(until_time))
+
+    def _sync(self, position: tuple[int, int] | None) -> None:
+        """Wait until the batch's log entry is on disk (outside the lock: group commit)."""
+        if position is None or self.wal is None:
+            return
+        try:
+            self.wal.sync(position)
+        except WalError as exc:
+            raise IngestFailedError(str(exc)) from exc
 
     def count_rejected(self, protocol: str, num_bytes: int = 0) -> None:
         """Count a request refused before reaching :meth:`apply` (undecodable, too large)."""
@@ -244,17 +275,30 @@ class Ingestor:
         num_bytes: int,
         validated: bool,
         header: BatchHeader | None,
-    ) -> IngestOutcome:
+        *,
+        body: tuple[bytes, str] | None,
+    ) -> tuple[IngestOutcome, tuple[int, int] | None]:
+        position = None
         try:
             if not validated:
                 batch.validate()  # the screen reads the batch's shape: check it first
             now = self.engine.now()
             screened = screen(batch, now)
+            if self.wal is not None:  # written ahead: a batch in the engine is in the log
+                position = self.wal.append(
+                    log_entry(screened, header, body), screened.max_finish_minute
+                )
             batch = screened.batch
             # The same clock reading as the screen: what it took, the engine counts.
             self.engine.ingest(batch, validate=False, now=now)
+        except WalError as exc:
+            self._count(protocol, "failed", num_bytes)
+            raise IngestFailedError(str(exc)) from exc
         except Exception as exc:
             self._count(protocol, "failed", num_bytes)
+            if position is not None and self.wal is not None:
+                with contextlib.suppress(WalError):  # logged, not applied: replay skips it
+                    self.wal.append(VOID_ENTRY, -1)
             logger.exception(
                 "goodput engine failed on a %s batch of %d records", protocol, len(batch)
             )
@@ -275,7 +319,7 @@ class Ingestor:
         counts.records[protocol] += len(batch)
         counts.rejected_records[protocol] += len(screened.rejections)
         counts.tokens[protocol] += num_tokens
-        return IngestOutcome(
+        outcome = IngestOutcome(
             duplicate=False,
             exporter_id=header.exporter_id if header else "",
             seq=header.seq if header else 0,
@@ -285,6 +329,7 @@ class Ingestor:
             num_tokens=num_tokens,
             rejections=screened.rejections,
         )
+        return outcome, position
 
     def _count(self, protocol: str, outcome: str, num_bytes: int) -> None:
         self._counts.batches[(protocol, outcome)] += 1

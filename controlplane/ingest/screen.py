@@ -47,6 +47,7 @@ __all__ = [
     "MIN_ARRIVAL_NS",
     "RecordRejection",
     "Screened",
+    "finish_seconds",
     "screen",
 ]
 
@@ -76,10 +77,32 @@ class RecordRejection:
 
 @dataclass(frozen=True, slots=True)
 class Screened:
-    """The records taken (``batch``) and the ones refused, in row order."""
+    """The records taken (``batch``) and the ones refused, in row order.
+    ``max_finish_minute``: the latest finish minute (Unix minutes) of the records taken,
+    -1 when none (the write-ahead log keeps a segment until a checkpoint covers it)."""
 
     batch: RecordBatch
     rejections: tuple[RecordRejection, ...]
+    max_finish_minute: int = -1
+
+
+def finish_seconds(batch: RecordBatch) -> I64:
+    """Each record's finish second as the engine places it: arrival + its last token time
+    (else its finished phase, else 0). For records the screen took (no overflow)."""
+    n = len(batch)
+    starts, offsets = batch.emission_starts, batch.emission_offsets_us
+    has = np.diff(starts) > 0
+    last_us = np.zeros(n, dtype=np.int64)
+    last_us[has] = offsets[starts[1:][has] - 1]
+    finished = batch.phase_offsets_us[:, Phase.FINISHED]
+    ended = ~has & (finished >= 0)
+    last_us[ended] = finished[ended]
+    seconds: I64 = (batch.arrival_time_ns + last_us * 1000) // _NS_PER_S
+    return seconds
+
+
+def _latest_minute(batch: RecordBatch) -> int:
+    return int(finish_seconds(batch).max()) // 60 if len(batch) else -1
 
 
 def _row_max(values: I64, starts: I64, has: B, n: int) -> I64:
@@ -168,7 +191,7 @@ def screen(batch: RecordBatch, now_s: float) -> Screened:
     for _, rows, _ in checks:
         bad |= rows
     if not bad.any():
-        return Screened(batch, ())
+        return Screened(batch, (), _latest_minute(batch))
     rejections = []
     reported = np.zeros(n, dtype=np.bool_)
     starts = batch.emission_starts
@@ -194,4 +217,5 @@ def screen(batch: RecordBatch, now_s: float) -> Screened:
             )
         reported |= rows
     rejections.sort(key=lambda r: r.index)
-    return Screened(batch.take(~bad), tuple(rejections))
+    taken = batch.take(~bad)
+    return Screened(taken, tuple(rejections), _latest_minute(taken))

@@ -20,7 +20,7 @@ from controlplane.models.enums import (
     SLOVantage,
 )
 from controlplane.models.fleet import Command, FleetMember
-from controlplane.models.rollup import GoodputRollup
+from controlplane.models.rollup import GoodputRollup, WalCheckpoint
 from controlplane.models.slo import SLO, SLOVersion
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "RolePin",
     "SLOVantage",
     "SLOVersion",
+    "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0003_console_session"
+SCHEMA_REVISION = "0004_wal_checkpoint"

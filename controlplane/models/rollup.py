@@ -11,7 +11,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from controlplane.db import Base, UTCDateTime, UUIDString
 from controlplane.models.types import JSONDoc
 
-__all__ = ["GoodputRollup"]
+__all__ = ["GoodputRollup", "WalCheckpoint"]
 
 
 class GoodputRollup(Base):
@@ -43,3 +43,22 @@ class GoodputRollup(Base):
     good_output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     violations: Mapped[dict[str, int]] = mapped_column(JSONDoc, default=dict)
     sketch_blob: Mapped[bytes] = mapped_column(sa.LargeBinary, default=b"")
+
+
+class WalCheckpoint(Base):
+    """How far the stored rollups cover the ingest write-ahead log (one row, ``id`` 1).
+
+    Written in the same transaction as the rollups it describes: segments up to ``segment``
+    of log ``epoch`` are covered except for records finishing at or after minute
+    ``covered_until_minute`` (Unix minutes); ``dedup`` is the de-duplication state at that
+    cut (``controlplane.ingest.dedup``), so a restart neither counts twice nor forgets
+    which batches it acknowledged. See docs/goodput-engine.md, *Durability*.
+    """
+
+    __tablename__ = "goodput_wal_checkpoint"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    epoch: Mapped[str] = mapped_column(sa.String(32))
+    segment: Mapped[int] = mapped_column(sa.BigInteger)
+    covered_until_minute: Mapped[int] = mapped_column(sa.BigInteger)
+    dedup: Mapped[bytes] = mapped_column(sa.LargeBinary, default=b"")

@@ -24,9 +24,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.goodput import MinuteRollup, SLOSpec
-from controlplane.models import GoodputRollup
+from controlplane.models import GoodputRollup, WalCheckpoint
 
-__all__ = ["HISTORY_MIN_S", "history", "upsert"]
+__all__ = ["HISTORY_MIN_S", "checkpoint", "history", "save_checkpoint", "upsert"]
 
 #: History loaded for an SLO: its compliance window, and at least a day (the ``1d`` window).
 HISTORY_MIN_S = 86_400.0
@@ -102,4 +102,31 @@ def _upsert(dialect: str) -> sa.Executable:
     return statement.on_conflict_do_update(
         index_elements=[GoodputRollup.slo_id, GoodputRollup.minute_start],
         set_={name: statement.excluded[name] for name in _COLUMNS},
+    )
+
+
+async def checkpoint(session: AsyncSession) -> WalCheckpoint | None:
+    """The write-ahead log's checkpoint row (``None`` on a fresh database)."""
+    row: WalCheckpoint | None = await session.get(WalCheckpoint, 1)
+    return row
+
+
+async def save_checkpoint(
+    session: AsyncSession, *, epoch: str, segment: int, covered_until_minute: int, dedup: bytes
+) -> None:
+    """Upsert the checkpoint row (in the caller's transaction: the one of the rollups)."""
+    values = {
+        "id": 1,
+        "epoch": epoch,
+        "segment": segment,
+        "covered_until_minute": covered_until_minute,
+        "dedup": dedup,
+    }
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    statement = insert(WalCheckpoint).values(values)
+    await session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[WalCheckpoint.id],
+            set_={k: statement.excluded[k] for k in values if k != "id"},
+        )
     )

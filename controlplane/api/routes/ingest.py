@@ -107,7 +107,9 @@ def _decode_and_apply(
         raise
     except Exception as exc:  # a codec failure on hostile input must not be a 500
         raise WireError("batch", f"undecodable ({type(exc).__name__}: {exc})") from None
-    return ingestor.apply(header, batch, tenant=tenant, num_bytes=len(body))
+    return ingestor.apply(
+        header, batch, tenant=tenant, num_bytes=len(body), body=(body, content_type)
+    )
 
 
 def _wire_error(exc: WireError) -> Exception:

@@ -108,7 +108,8 @@ async def test_a_refused_write_is_kept_and_retried(
 ) -> None:
     await client.post("/api/v1/slos", json=SLO, headers=admin_headers)
     unreachable = create_engine_for("postgresql+psycopg://nobody@127.0.0.1:1/none")
-    live = LiveGoodput(app.state.sessions, settings)
+    # A second runtime beside the app's: the app's owns the write-ahead log.
+    live = LiveGoodput(app.state.sessions, settings.model_copy(update={"durable_ingest": False}))
     await live.refresh_slos(force=True)
     live.ingestor.apply_unsequenced(finishing_at(4, time.time() - 180))
     live.sessions = session_factory(unreachable)

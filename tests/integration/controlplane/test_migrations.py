@@ -27,6 +27,7 @@ TABLES = {
     "fleet_member",
     "command",
     "goodput_rollup",
+    "goodput_wal_checkpoint",
     "automation",
     "role_pin",
     "role_move",
