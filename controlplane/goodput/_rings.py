@@ -56,6 +56,13 @@ class CounterRing:
         total: I64 = self.rows[held].sum(axis=0)
         return total
 
+    def column(self, first: int, last: int, column: int) -> I64:
+        """Counter ``column`` of each slot ``first … last`` (inclusive); 0 where not held."""
+        slots = np.arange(first, last + 1, dtype=np.int64)
+        pos = slots % self.size
+        values: I64 = np.where(self.slots[pos] == slots, self.rows[pos, column], 0)
+        return values
+
     def get(self, slot: int) -> I64 | None:
         """The counters of ``slot`` (a copy), or ``None`` when the ring does not hold it."""
         pos = slot % self.size

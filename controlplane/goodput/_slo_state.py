@@ -109,7 +109,7 @@ class SLOState:
     def __init__(self, spec: SLOSpec) -> None:
         self.spec = spec
         self.keys: tuple[str, ...] = spec.objective_keys
-        width = col.BASE_COLUMNS + len(self.keys)
+        width = col.width(len(self.keys))
         self.counters = [
             _counter_tier(1, 3600, 60, width),
             _counter_tier(60, 1442, 2, width),
@@ -124,6 +124,7 @@ class SLOState:
         # Lifetime totals for Prometheus counters and histograms (never decrease).
         self.totals: dict[str, int] = dict.fromkeys(("good", "bad", "rejected", "aborted"), 0)
         self.violation_totals: dict[str, int] = dict.fromkeys(self.keys, 0)
+        self.measured_totals: dict[str, int] = dict.fromkeys(self.keys, 0)
         self.histogram_counts: I64 = np.zeros((len(METRICS), NUM_PROM), dtype=np.int64)
         self.histogram_sums = [0.0] * len(METRICS)
         self.dirty_minutes: set[int] = set()
@@ -137,14 +138,12 @@ class SLOState:
         """Apply a new version of this SLO, keeping history (verdicts stay as judged)."""
         keys = spec.objective_keys
         if keys != self.keys:
-            columns: list[int | None] = list(range(col.BASE_COLUMNS))
-            columns += [
-                col.BASE_COLUMNS + self.keys.index(k) if k in self.keys else None for k in keys
-            ]
+            columns = col.remap_columns(self.keys, keys)
             for tier in self.counters:
                 tier.ring = tier.ring.remapped(columns)
             for key in keys:
                 self.violation_totals.setdefault(key, 0)
+                self.measured_totals.setdefault(key, 0)
             self.keys = keys
         if spec.window_s != self.spec.window_s:
             self.counters[2].resize(_hours_kept(spec.window_s))
@@ -165,7 +164,8 @@ class SLOState:
         judged, good = view.judged[rows], verdicts.good[rows]
         aborted = view.aborted[rows]
         tokens = view.tokens[rows]
-        contrib = np.empty((rows.shape[0], col.BASE_COLUMNS + len(self.keys)), dtype=np.int64)
+        k = len(self.keys)
+        contrib = np.empty((rows.shape[0], col.width(k)), dtype=np.int64)
         contrib[:, col.REQUESTS] = judged
         contrib[:, col.GOOD] = good
         contrib[:, col.ERRORS] = view.err[rows]
@@ -173,7 +173,10 @@ class SLOState:
         contrib[:, col.REJECTED] = view.rejected[rows]
         contrib[:, col.OUTPUT_TOKENS] = np.where(judged | aborted, tokens, 0)
         contrib[:, col.GOOD_OUTPUT_TOKENS] = np.where(good, tokens, 0)
-        contrib[:, col.BASE_COLUMNS :] = judged[:, None] & ~verdicts.met[rows]
+        contrib[:, col.BASE_COLUMNS : col.BASE_COLUMNS + k] = (
+            judged[:, None] & verdicts.violated[rows]
+        )
+        contrib[:, col.BASE_COLUMNS + k :] = judged[:, None] & ~verdicts.measured[rows]
         sec = view.sec[rows]
         firsts = np.flatnonzero(np.concatenate(([True], sec[1:] != sec[:-1])))
         return BatchCounts(
@@ -219,8 +222,10 @@ class SLOState:
         self.totals["bad"] += judged - good
         self.totals["rejected"] += int(total[col.REJECTED])
         self.totals["aborted"] += int(total[col.ABORTED])
+        num = len(self.keys)
         for k, key in enumerate(self.keys):
             self.violation_totals[key] += int(total[col.BASE_COLUMNS + k])
+            self.measured_totals[key] += judged - int(total[col.BASE_COLUMNS + num + k])
 
     def _add_sketches(self, adds: SketchAdds, now_s: int) -> None:
         for slot10, metric, lo, counts in adds.spans:
@@ -244,6 +249,11 @@ class SLOState:
         r = tier.ring.resolution_s
         last = math.floor(now) // r
         return tier.ring.total(last - math.ceil(window_s / r) + 1, last)
+
+    def per_minute(self, first_minute: int, last_minute: int, column: int) -> I64:
+        """Counter ``column`` per minute ``first … last`` (Unix seconds // 60), from the
+        minute tier; 0 for a minute it no longer holds."""
+        return self.counters[1].ring.column(first_minute, last_minute, column)
 
     def window_sketches(self, window_s: float, now: float) -> I64:
         """Sketch sums over the slots that cover ``[now − W, now]``."""
@@ -287,6 +297,7 @@ class SLOState:
             violations=dict(self.violation_totals),
             histograms=histograms,
             in_flight=self.in_flight_count(now, ttl_s),
+            measured=dict(self.measured_totals),
         )
 
     # -- rollups ------------------------------------------------------------------------
@@ -313,6 +324,10 @@ class SLOState:
             good_output_tokens=int(counts[col.GOOD_OUTPUT_TOKENS]),
             violations={k: int(counts[col.BASE_COLUMNS + i]) for i, k in enumerate(self.keys)},
             sketch_blob=encode_sketch_blob(sketches),
+            unmeasured={
+                k: int(counts[col.BASE_COLUMNS + len(self.keys) + i])
+                for i, k in enumerate(self.keys)
+            },
         )
 
     def held_minutes(self) -> list[int]:
@@ -322,7 +337,8 @@ class SLOState:
 
     def load(self, rollup: MinuteRollup, now_s: int) -> None:
         """Add a rollup from storage into every ring whose range holds its minute."""
-        counts = np.zeros(col.BASE_COLUMNS + len(self.keys), dtype=np.int64)
+        num = len(self.keys)
+        counts = np.zeros(col.width(num), dtype=np.int64)
         counts[: col.BASE_COLUMNS] = (
             rollup.requests,
             rollup.good,
@@ -334,6 +350,7 @@ class SLOState:
         )
         for k, key in enumerate(self.keys):
             counts[col.BASE_COLUMNS + k] = int(rollup.violations.get(key, 0))
+            counts[col.BASE_COLUMNS + num + k] = int(rollup.unmeasured.get(key, 0))
         # The minute's per-second detail is gone: its counts go to its first second.
         second = int(rollup.minute_start.timestamp()) // 60 * 60
         self._add_counters(np.array([second]), counts[None, :], now_s)

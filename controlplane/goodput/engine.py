@@ -20,13 +20,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from controlplane.goodput._batch import BatchView
 from controlplane.goodput._recent import RecentStore
 from controlplane.goodput._sketch_adds import sketch_adds
 from controlplane.goodput._slo_state import SLOState
-from controlplane.goodput._summarize import build_stats
+from controlplane.goodput._summarize import GOOD, build_stats
 from controlplane.goodput.spec import SLOSpec, SpecError
 from controlplane.goodput.stats import (
     COMPLIANCE,
@@ -44,6 +47,7 @@ __all__ = ["DEFAULT_ITL_PERCENTILES", "GoodputEngine", "UnknownSLOError"]
 DEFAULT_ITL_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 #: A partial record not followed by its final one within this time stops counting in flight.
 IN_FLIGHT_TTL_S = 600.0
+I64 = npt.NDArray[np.int64]
 
 
 class UnknownSLOError(KeyError):
@@ -188,6 +192,32 @@ class GoodputEngine:
                 for s in self._states.values()
             ]
 
+    def summaries(
+        self, windows: Mapping[str, float], now: float | None = None
+    ) -> dict[str, list[GoodputStats]]:
+        """Stats without percentiles of every SLO over each of ``windows`` (name → seconds),
+        in one pass: each SLO's compliance window is summed once, not once per window."""
+        with self._lock:
+            now = self._now(now)
+            out: dict[str, list[GoodputStats]] = {name: [] for name in windows}
+            for state in self._states.values():
+                compliance_s = float(state.spec.window_s)
+                compliance = state.window_counts(compliance_s, now)
+                for name, window in windows.items():
+                    window_s = self._window_s(state, window)
+                    out[name].append(self._stats(state, window_s, now, False, compliance))
+            return out
+
+    def good_per_minute(self, first_minute: int, last_minute: int) -> dict[str, list[int]]:
+        """Good requests of every SLO in each minute ``first … last`` (Unix seconds // 60,
+        inclusive), read from the per-minute counters; 0 for a minute no longer held.
+        Cheap enough for a sparkline of every SLO."""
+        with self._lock:
+            return {
+                slo_id: state.per_minute(first_minute, last_minute, GOOD).tolist()
+                for slo_id, state in self._states.items()
+            }
+
     def dry_run(
         self, spec: SLOSpec, window_s: float = 3600.0, now: float | None = None
     ) -> GoodputStats:
@@ -329,11 +359,19 @@ class GoodputEngine:
         return float(window)
 
     def _stats(
-        self, state: SLOState, window_s: float, now: float, percentiles: bool
+        self,
+        state: SLOState,
+        window_s: float,
+        now: float,
+        percentiles: bool,
+        compliance: I64 | None = None,
     ) -> GoodputStats:
         compliance_s = float(state.spec.window_s)
         counts = state.window_counts(window_s, now)
-        compliance = counts if compliance_s == window_s else state.window_counts(compliance_s, now)
+        if compliance_s == window_s:
+            compliance = counts
+        elif compliance is None:
+            compliance = state.window_counts(compliance_s, now)
         return build_stats(
             state.spec,
             state.keys,

@@ -5,7 +5,8 @@
   attainment, availability, burn rates over 5 min, 30 min, 1 h and 6 h, error budget left,
   a status and a 15-minute goodput sparkline), most burning first;
 * ``GET /api/v1/goodput/summary/stream`` (same filters) — Server-Sent Events: a first
-  ``event: summary`` with every row, then one per ``goodput_stream_interval_s`` with only
+  ``event: summary`` with every row (or, given ``since`` or ``Last-Event-ID``, only the
+  rows changed since that summary), then one per ``goodput_stream_interval_s`` with only
   the rows that changed (``order`` is sent when the order changed).
 
 ``status`` follows the multiwindow burn-rate alerts of the SRE workbook: ``critical`` when
@@ -14,10 +15,11 @@ the budget is spent; ``warning`` when the 6 h and 30 min burn rates are both at 
 ``no_data`` when nothing was judged in 6 h; ``ok`` otherwise. The server decides it, so
 every client shows the same.
 
-Cheap by construction: no latency sketch is read (counts only), completed sparkline
-minutes are computed once and kept, and every request and stream shares one computation
-of all rows per ``goodput_stream_interval_s`` (1 s): the rows are at most that old, as on
-the stream, and ``time`` says when they were computed.
+Cheap by construction: no latency sketch is read (counts only), the four windows are one
+pass over the engine's counters, the sparklines one read of its per-minute counters, and
+every request and stream shares one computation of all rows per
+``goodput_stream_interval_s`` (1 s): the rows are at most that old, as on the stream, and
+``time`` says when they were computed.
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import LiveDep, Viewer
 from controlplane.api.routes._params import FilterText
-from controlplane.goodput import GoodputEngine, GoodputStats
+from controlplane.goodput import GoodputEngine, GoodputStats, SLOSpec
 from controlplane.live import LiveGoodput
 from controlplane.models import SLOVantage
 
@@ -47,8 +50,10 @@ __all__ = [
     "GoodputSummaryPublic",
     "SummaryFilter",
     "SummaryRow",
+    "build_rows",
     "compute_summary",
     "router",
+    "sparklines",
 ]
 
 router = APIRouter(tags=["goodput"])
@@ -58,6 +63,8 @@ BURN_WINDOWS: dict[str, float] = {"5m": 300.0, "30m": 1800.0, "1h": 3600.0, "6h"
 FAST_BURN, SLOW_BURN = 14.4, 6.0
 #: Complete minutes in the sparkline (goodput, good requests per second, oldest first).
 SPARK_MINUTES = 15
+#: Computations kept for streams that start from rows a client holds (one per second).
+KEPT_COMPUTATIONS = 5
 _STATUS_RANK = {"critical": 0, "warning": 1, "ok": 2, "no_data": 3}
 
 
@@ -107,26 +114,6 @@ class SummaryFilter:
         )
 
 
-@dataclass
-class _Sparklines:
-    """Goodput per complete minute, by minute then SLO id: a minute is computed once."""
-
-    minutes: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    def series(self, engine: GoodputEngine, now: float, ids: list[str]) -> dict[str, list[float]]:
-        current = math.floor(now) // 60
-        wanted = range(current - SPARK_MINUTES, current)
-        for minute in wanted:
-            known = self.minutes.get(minute)
-            if known is None or any(i not in known for i in ids):
-                end = minute * 60 + 59.5
-                stats = engine.summary(end, 60.0, percentiles=False)
-                self.minutes[minute] = {s.slo_id: s.goodput_rps for s in stats}
-        for minute in [m for m in self.minutes if m < wanted.start]:
-            del self.minutes[minute]
-        return {i: [_round(self.minutes[m].get(i, 0.0)) for m in wanted] for i in ids}
-
-
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
@@ -155,25 +142,32 @@ def _sort_key(row: SummaryRow) -> tuple[int, float, str]:
     return (_STATUS_RANK[row.status], -burn, row.slo_name)
 
 
-def compute_summary(engine: GoodputEngine, now: float, sparklines: _Sparklines) -> list[SummaryRow]:
-    """Every SLO's row, most burning first (run it on a worker thread)."""
-    specs = {s.id: s for s in engine.slos}
-    by_window: dict[str, dict[str, GoodputStats]] = {
-        name: {s.slo_id: s for s in engine.summary(now, window_s, percentiles=False)}
-        for name, window_s in BURN_WINDOWS.items()
-    }
-    spark = sparklines.series(engine, now, list(specs))
+def sparklines(engine: GoodputEngine, now: float) -> dict[str, list[float]]:
+    """Every SLO's goodput (good requests per second) in each of the last
+    ``SPARK_MINUTES`` complete minutes, oldest first, from the engine's minute counters."""
+    current = math.floor(now) // 60
+    good = engine.good_per_minute(current - SPARK_MINUTES, current - 1)
+    return {slo_id: [_round(n / 60.0) for n in counts] for slo_id, counts in good.items()}
+
+
+def build_rows(
+    specs: Iterable[SLOSpec],
+    by_window: Mapping[str, Mapping[str, GoodputStats]],
+    spark: Mapping[str, list[float]],
+) -> list[SummaryRow]:
+    """The rows of ``specs`` from their stats per window of ``BURN_WINDOWS`` (by SLO id)
+    and sparklines, most burning first; an SLO missing from a window is left out (the SLO
+    set changed between the reads: it comes back next time)."""
     rows = []
-    for slo_id, spec in specs.items():
-        stats = {name: by_window[name].get(slo_id) for name in BURN_WINDOWS}
-        short = stats["5m"]
-        if short is None or any(s is None for s in stats.values()):
-            continue  # the SLO set changed between the reads: next time
+    for spec in specs:
+        stats = {name: by_window[name].get(spec.id) for name in BURN_WINDOWS}
+        short, long = stats["5m"], stats["6h"]
+        if short is None or long is None or any(s is None for s in stats.values()):
+            continue
         burn = {name: _ratio(s.burn_rate) for name, s in stats.items() if s is not None}
-        judged_6h = stats["6h"].requests if stats["6h"] is not None else 0
         rows.append(
             SummaryRow(
-                slo_id=slo_id,
+                slo_id=spec.id,
                 slo_name=spec.name,
                 model=spec.selector.get("model"),
                 tenant=spec.selector.get("tenant"),
@@ -188,34 +182,50 @@ def compute_summary(engine: GoodputEngine, now: float, sparklines: _Sparklines) 
                 burn_rate_1h=burn["1h"],
                 burn_rate_6h=burn["6h"],
                 error_budget_remaining_ratio=round(short.error_budget_remaining_ratio, 6),
-                status=_status(burn, short.error_budget_remaining_ratio, judged_6h),
-                spark=spark[slo_id],
+                status=_status(burn, short.error_budget_remaining_ratio, long.requests),
+                spark=spark.get(spec.id, [0.0] * SPARK_MINUTES),
             )
         )
     rows.sort(key=_sort_key)
     return rows
 
 
+def compute_summary(engine: GoodputEngine, now: float) -> list[SummaryRow]:
+    """Every SLO's row, most burning first (run it on a worker thread): one pass over the
+    engine's counters for the four windows, one read of its minute counters."""
+    windows = engine.summaries(BURN_WINDOWS, now)
+    by_window = {name: {s.slo_id: s for s in stats} for name, stats in windows.items()}
+    return build_rows(engine.slos, by_window, sparklines(engine, now))
+
+
 class _SharedSummary:
     """The rows of every SLO, computed at most once per ``max_age_s`` however many requests
-    and streams read them (each then keeps the rows its filter admits)."""
+    and streams read them (each then keeps the rows its filter admits). The last
+    ``KEPT_COMPUTATIONS`` are kept by time, so that a stream can start from the rows a
+    client already has (:meth:`at`)."""
 
     def __init__(self, live: LiveGoodput) -> None:
         self.live = live
-        self.sparklines = _Sparklines()
-        self._latest: tuple[float, float, list[SummaryRow]] | None = None
+        self._recent: deque[tuple[float, float, list[SummaryRow]]] = deque(maxlen=KEPT_COMPUTATIONS)
         self._lock = asyncio.Lock()
 
     async def rows(self, where: SummaryFilter, max_age_s: float) -> tuple[float, list[SummaryRow]]:
         async with self._lock:
-            latest = self._latest
+            latest = self._recent[-1] if self._recent else None
             if latest is None or time.monotonic() - latest[0] >= max_age_s:
                 now = self.live.clock()
-                rows = await run_in_threadpool(
-                    compute_summary, self.live.engine, now, self.sparklines
-                )
-                latest = self._latest = (time.monotonic(), now, rows)
+                rows = await run_in_threadpool(compute_summary, self.live.engine, now)
+                latest = (time.monotonic(), now, rows)
+                self._recent.append(latest)
         return latest[1], [r for r in latest[2] if where.admits(r)]
+
+    def at(self, computed_time: float, where: SummaryFilter) -> list[SummaryRow] | None:
+        """The rows ``where`` admits of the computation at ``computed_time`` (the ``time``
+        of an answer or the ``id`` of an event), or ``None`` when it is no longer kept."""
+        for _, when, rows in self._recent:
+            if when == computed_time:
+                return [r for r in rows if where.admits(r)]
+        return None
 
 
 def _shared(request: Request, live: LiveGoodput) -> _SharedSummary:
@@ -252,22 +262,39 @@ async def goodput_summary(
     return GoodputSummaryPublic(time=now, data=rows, count=len(rows))
 
 
+def _as_time(value: str | None) -> float | None:
+    try:
+        parsed = float(value) if value else None
+    except ValueError:
+        return None
+    return parsed if parsed is not None and math.isfinite(parsed) else None
+
+
+def _event(payload: dict[str, Any]) -> str:
+    data = json.dumps(payload, separators=(",", ":"))
+    return f"id: {payload['time']!r}\nevent: summary\ndata: {data}\n\n"
+
+
 async def _summary_events(
-    shared: _SharedSummary, where: SummaryFilter, interval_s: float
+    shared: _SharedSummary, where: SummaryFilter, interval_s: float, since: float | None
 ) -> AsyncIterator[str]:
     yield f"retry: {int(interval_s * 3000)}\n\n"
+    known = None if since is None else shared.at(since, where)
     sent: dict[str, dict[str, Any]] = {}
-    order: list[str] = []
+    if known is not None:
+        sent = {r.slo_id: r.model_dump(mode="json") for r in known}
+    order = list(sent)
+    full = known is None
     while not shared.live.stopping.is_set():
         now, rows = await shared.rows(where, max_age_s=interval_s / 2)
         dumped = {r.slo_id: r.model_dump(mode="json") for r in rows}
         changed = [row for slo_id, row in dumped.items() if sent.get(slo_id) != row]
         new_order = list(dumped)
-        payload: dict[str, Any] = {"time": now, "rows": changed, "full": not sent}
-        if new_order != order:
+        payload: dict[str, Any] = {"time": now, "rows": changed, "full": full}
+        if new_order != order or full:
             payload["order"] = new_order
-        sent, order = dumped, new_order
-        yield f"event: summary\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
+        sent, order, full = dumped, new_order, False
+        yield _event(payload)
         try:
             await asyncio.wait_for(shared.live.stopping.wait(), timeout=interval_s)
         except TimeoutError:
@@ -280,12 +307,20 @@ async def _summary_events(
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
 async def goodput_summary_stream(
-    where: SummaryFilterDep, live: LiveDep, request: Request
+    where: SummaryFilterDep,
+    live: LiveDep,
+    request: Request,
+    since: Annotated[float | None, Query(description="time of rows already held")] = None,
+    last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> StreamingResponse:
-    """``event: summary``: ``{"time", "full", "rows": [changed rows], "order"?: [ids]}``."""
+    """``event: summary`` (``id``: its ``time``): ``{"time", "full", "rows": [changed
+    rows], "order"?: [ids]}``. ``since`` (the ``time`` of a summary the client holds) or a
+    reconnecting browser's ``Last-Event-ID`` starts the stream with only what changed since
+    then, while those rows are still kept (a few seconds); otherwise every row, ``full``."""
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
+    resume = _as_time(last_event_id)
     return StreamingResponse(
-        _summary_events(_shared(request, live), where, interval_s),
+        _summary_events(_shared(request, live), where, interval_s, resume or since),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
