@@ -37,6 +37,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
+from starlette.middleware.gzip import GZipMiddleware
 
 from controlplane.admission_runtime import admission_lifespan
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
@@ -121,6 +122,9 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     app.state.metrics_registry = app_registry()
     install_error_handlers(app)
     app.add_middleware(RequestLimits, settings=settings)
+    # JSON, pages and static files gzip-compressed; event streams are never buffered: the
+    # middleware leaves text/event-stream alone (Starlette's default exclusions).
+    app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)
     # Outside /api/v1, with the errors any route may answer (its query, the key's database).
     app.include_router(health.router, responses=responses(422, 503))
     app.include_router(metrics.router, responses=responses(422, 503))

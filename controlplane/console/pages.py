@@ -16,7 +16,6 @@ from urllib.parse import parse_qs, quote
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.applications import Starlette
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -207,7 +206,7 @@ def mount_console(app: FastAPI) -> None:
     to it, and ``/docs`` with the locally built Swagger UI."""
     console = Starlette(routes=_routes())
     console.state = app.state  # the same settings, database and live runtime as the API
-    app.mount(CONSOLE_PREFIX, GZipMiddleware(console, minimum_size=500))
+    app.mount(CONSOLE_PREFIX, console)
 
     async def home(request: Request) -> Response:
         return RedirectResponse(f"{CONSOLE_PREFIX}/", status_code=307)
