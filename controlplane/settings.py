@@ -37,7 +37,8 @@ class Settings(BaseSettings):
     ``max_ingest_bytes`` bounds an ingest or OTLP body (before and after gzip);
     ``max_request_bytes`` every other body (``max_import_bytes`` an SLO import's),
     ``max_header_bytes`` the request headers; a handler that has not answered within
-    ``request_timeout_s`` is a 503 (docs/api.md, *Limits*);
+    ``request_timeout_s`` is a 503; ``auth_failures_per_s`` / ``auth_failure_burst`` and
+    ``admin_requests_per_s`` / ``admin_burst`` are the rate limits (docs/api.md, *Limits*);
     ``ingest_dedup_window`` / ``ingest_max_exporters`` bound batch de-duplication;
     ``durable_ingest``: acknowledge a batch only once it is in the write-ahead log on disk
     (``wal_fsync``), in ``wal_dir`` (default: beside a SQLite file, else
@@ -74,6 +75,10 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=1_048_576, gt=0)
     max_header_bytes: int = Field(default=16_384, gt=0)
     request_timeout_s: float = Field(default=30.0, gt=0)
+    auth_failures_per_s: float = Field(default=10.0, gt=0)
+    auth_failure_burst: int = Field(default=100, ge=1)
+    admin_requests_per_s: float = Field(default=100.0, gt=0)
+    admin_burst: int = Field(default=200, ge=1)
     # Ingest and the live goodput engine (docs/ingest.md).
     max_ingest_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     ingest_dedup_window: int = Field(default=1024, ge=1, le=65_536)

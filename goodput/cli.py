@@ -141,6 +141,8 @@ def serve(
         port=settings.port if port is None else port,
         workers=1,
         log_config=None,  # keep the root logging configured above (plain or JSON)
+        server_header=False,  # no "Server: uvicorn" (docs/api.md, *Hardening*)
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
 
 

@@ -19,6 +19,11 @@ request, in this order:
 4. **Time**: a handler that has not started its response within ``request_timeout_s`` is
    cancelled and answered 503 with ``Retry-After``. Once the response has started
    (streams, SSE) the bound no longer applies: a stream ends with the server's shutdown.
+5. **Rates** (token buckets, bounded tables): a client address whose requests failed
+   authentication (401) more than ``auth_failure_burst`` times, refilled at
+   ``auth_failures_per_s``, gets 429 with ``Retry-After`` before any key lookup; each
+   credential (bearer key or console session) may call the admin API (``/api/v1/*`` but
+   ingest) ``admin_burst`` times, refilled at ``admin_requests_per_s``, then 429.
 
 Errors have the app's shape (``{"detail": ...}``), with ``WWW-Authenticate`` on a 401.
 """
@@ -27,6 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -45,7 +53,7 @@ from controlplane.errors import (
 )
 from controlplane.settings import Settings
 
-__all__ = ["BodyTooLargeError", "RequestLimits", "body_limit"]
+__all__ = ["BodyTooLargeError", "RequestLimits", "TokenBuckets", "body_limit"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,6 +62,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_API_PREFIX = "/api/v1/"
+_MAX_TRACKED = 100_000  # clients / credentials per rate table (least recently seen evicted)
 _INGEST_PATHS = frozenset({"/api/v1/ingest", "/v1/traces"})
 _IMPORT_PATH = "/api/v1/slos:import"
 
@@ -98,12 +108,65 @@ def _route(scope: Scope) -> APIRoute | None:
     return None
 
 
+class TokenBuckets:
+    """Per-key token buckets of ``burst`` tokens refilled at ``rate_per_s``, at most
+    ``max_keys`` keys (least recently used evicted: an evicted key starts full)."""
+
+    def __init__(
+        self,
+        rate_per_s: float,
+        burst: float,
+        max_keys: int = _MAX_TRACKED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate_per_s, self.burst, self.max_keys, self.clock = rate_per_s, burst, max_keys, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def _level(self, key: str) -> float:
+        tokens, at = self._buckets.get(key, (self.burst, self.clock()))
+        return min(self.burst, tokens + (self.clock() - at) * self.rate_per_s)
+
+    def wait_s(self, key: str) -> float:
+        """Seconds until ``key`` has a token again (0 when it has one now)."""
+        level = self._level(key)
+        return 0.0 if level >= 1 else (1 - level) / self.rate_per_s
+
+    def take(self, key: str) -> float:
+        """Take a token; returns 0, or the seconds to wait when there is none (none taken)."""
+        level = self._level(key)
+        if level < 1:
+            return (1 - level) / self.rate_per_s
+        self._buckets[key] = (level - 1, self.clock())
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > self.max_keys:
+            self._buckets.popitem(last=False)
+        return 0.0
+
+
+def _too_many(message: str, wait_s: float) -> JSONResponse:
+    retry = str(max(1, math.ceil(wait_s)))
+    return JSONResponse({"detail": message}, status_code=429, headers={"Retry-After": retry})
+
+
+def _credential(scope: Scope) -> str | None:
+    """What identifies the caller's credential without looking it up: the bearer key's
+    first characters (its public prefix), else the console session cookie's."""
+    headers = Request(scope).headers
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        return "k:" + authorization[7:27]
+    cookie = headers.get("cookie", "")
+    return "c:" + cookie[:64] if cookie else None
+
+
 class RequestLimits:
     """The middleware (see the module); ``settings`` gives every limit."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
         self.settings = settings
+        self.failures = TokenBuckets(settings.auth_failures_per_s, settings.auth_failure_burst)
+        self.admin = TokenBuckets(settings.admin_requests_per_s, settings.admin_burst)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,13 +182,41 @@ class RequestLimits:
             response = JSONResponse({"detail": message}, status_code=431)
             await response(scope, receive, send)
             return
-        if scope["method"] in _BODY_METHODS:
+        client = (scope.get("client") or ("", 0))[0]
+        refused = self._rate_limited(scope, client)
+        if refused is None and scope["method"] in _BODY_METHODS:
             refused = await self._refuse_early(scope)
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-            receive = self._counting(scope, receive)
-        await self._bounded(scope, receive, send)
+            if refused is None:
+                receive = self._counting(scope, receive)
+        if refused is not None:
+            if refused.status_code == 401:
+                self.failures.take(client)
+            await refused(scope, receive, send)
+            return
+
+        async def counting_failures(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                self.failures.take(client)
+            await send(message)
+
+        await self._bounded(scope, receive, counting_failures)
+
+    def _rate_limited(self, scope: Scope, client: str) -> JSONResponse | None:
+        wait_s = self.failures.wait_s(client)
+        if wait_s > 0:
+            return _too_many(
+                "too many failed authentications from this address; retry later", wait_s
+            )
+        path = scope["path"]
+        if path.startswith(_API_PREFIX) and path not in _INGEST_PATHS:
+            credential = _credential(scope)
+            if credential is not None and (wait_s := self.admin.take(credential)) > 0:
+                return _too_many(
+                    f"more than {self.settings.admin_requests_per_s:g} requests/s with this "
+                    f"credential (burst {self.settings.admin_burst}); retry later",
+                    wait_s,
+                )
+        return None
 
     async def _refuse_early(self, scope: Scope) -> JSONResponse | None:
         """The 413 of a declared length over the limit, or the route's 401/403."""

@@ -213,15 +213,26 @@ class KeyCache:
         digest = hash_key(presented)
         return next((k for k in entry[1] if hmac.compare_digest(k.hash, digest)), None)
 
-    def put(self, keys: tuple[AuthenticatedKey, ...]) -> None:
+    def known(self, presented: str) -> bool:
+        """Whether the database's answer for ``presented``'s prefix is cached and fresh
+        (then :meth:`get` is the whole answer: ``None`` means no such live key)."""
+        if not _well_formed(presented):
+            return True
+        with self._lock:
+            entry = self._entries.get(presented[:PREFIX_LENGTH])
+            return entry is not None and entry[0] > self.clock()
+
+    def put(self, keys: tuple[AuthenticatedKey, ...], prefix: str | None = None) -> None:
         """Remember the live keys of one prefix (what the database returned for it);
-        revoked ids are left out."""
-        if not keys:
+        revoked ids are left out. With no keys, ``prefix`` is remembered as unknown for
+        the TTL (negative caching: a stream of made-up keys costs no query each)."""
+        if keys:
+            prefix = keys[0].prefix
+        if prefix is None:
             return
-        prefix = keys[0].prefix
         with self._lock:
             live = tuple(k for k in keys if k.id not in self._revoked)
-            if not live:
+            if keys and not live:
                 self._entries.pop(prefix, None)
                 return
             self._entries[prefix] = (self.clock() + self.ttl_s, live)
@@ -292,11 +303,13 @@ async def authenticate_cached(
             async with sessions() as session:
                 await _touch(session, key.id, now, touch_after_s)
         return key
-    if not _well_formed(presented):
+    if cache.known(presented):  # malformed, or the prefix's live keys are cached: no match
         return None
     async with sessions() as session:
         candidates = await _live_with_prefix(session, presented)
-        cache.put(tuple(AuthenticatedKey.of(k) for k in candidates))
+        cache.put(
+            tuple(AuthenticatedKey.of(k) for k in candidates), prefix=presented[:PREFIX_LENGTH]
+        )
         match = _matching(candidates, presented)
         if match is None:
             return None

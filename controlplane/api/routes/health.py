@@ -1,12 +1,14 @@
 """Liveness (``/health``: the process answers, whatever the database does) and readiness
 (``/ready``: the database answers, its schema is the one this code expects, and the live
 goodput engine has loaded the SLO set — it retries on its own after a start without a
-database; ``/ready`` also tries at once). Both are open unless ``GOODPUT_OPEN_HEALTH=false``,
-in which case they need a viewer key."""
+database; ``/ready`` also tries at once). ``/ready`` names the kind of a failure, never the
+driver's message (which names hosts and ports): that goes to the log. Both are open unless
+``GOODPUT_OPEN_HEALTH=false``, in which case they need a viewer key."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Literal
 
 import sqlalchemy as sa
@@ -21,7 +23,16 @@ from controlplane.schemas.common import ErrorPublic, responses
 
 __all__ = ["router"]
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
+
+
+def _kind(reason: str) -> str:
+    """The error's kind (``OperationalError``), without the driver's message, which can
+    name hosts and ports: ``/ready`` answers without a key."""
+    return reason.split(":", 1)[0]
+
+
 HealthGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="open_health"))]
 
 
@@ -66,7 +77,11 @@ async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
             f"not ready: database did not answer within {settings.ready_timeout_s} s"
         ) from None
     except sa.exc.DBAPIError as exc:
-        raise UnavailableError(f"not ready: database unreachable ({describe_error(exc)})") from None
+        # Open to anyone: the kind of failure only, never the driver's text (addresses).
+        logger.warning("not ready: database unreachable (%s)", describe_error(exc))
+        raise UnavailableError(
+            f"not ready: database unreachable ({_kind(describe_error(exc))})"
+        ) from None
     if revision != SCHEMA_REVISION:
         raise UnavailableError(
             f"not ready: database schema is at revision {revision!r}, this control plane "
@@ -82,6 +97,7 @@ async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
         ) from None
     if not loaded:
         raise UnavailableError(
-            f"not ready: the goodput engine has not loaded the SLO set ({live.load_error})"
+            "not ready: the goodput engine has not loaded the SLO set "
+            f"({_kind(live.load_error or 'unknown')})"
         )
     return ReadyPublic(status="ready", database=dialect, schema_revision=revision)

@@ -55,7 +55,6 @@ async def test_not_ready_when_the_database_is_unreachable(
         await app.state.engine.dispose()
         app.state.engine = working
     assert response.status_code == 503
-    assert response.json()["detail"].startswith(
-        "not ready: database unreachable (OperationalError: connection failed"
-    )
+    # The kind only: the driver's message names the host and port, and /ready is open.
+    assert response.json()["detail"] == "not ready: database unreachable (OperationalError)"
     assert health.status_code == 200

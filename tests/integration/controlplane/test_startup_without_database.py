@@ -211,9 +211,7 @@ async def _outage_and_return(
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
         ready = await client.get("/ready")
         assert ready.status_code == 503
-        assert ready.json()["detail"].startswith(
-            "not ready: database unreachable (OperationalError: connection failed"
-        )
+        assert ready.json()["detail"] == "not ready: database unreachable (OperationalError)"
         metrics = (await client.get("/metrics")).text
         assert "goodput_slo_set_loaded 0.0" in metrics
         await eventually(lambda: live.counts()["load_failures"] >= 3)  # retries, in vain
@@ -303,9 +301,8 @@ async def test_ingest_is_refused_until_the_slo_set_loads_then_applied_once(
             )
             ready = await client.get("/ready")
             assert ready.status_code == 503
-            assert ready.json()["detail"].startswith(
-                "not ready: the goodput engine has not loaded the SLO set (UndefinedTable: "
-                'relation "goodput_rollup" does not exist'
+            assert ready.json()["detail"] == (
+                "not ready: the goodput engine has not loaded the SLO set (UndefinedTable)"
             )
             otlp = await client.post(
                 "/v1/traces", content=b"", headers={**ingest, "Content-Type": "application/json"}
