@@ -10,7 +10,8 @@ dependencies run in order, so an unauthenticated caller gets its 401 before anyt
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import UnionType
 from typing import Annotated, Union, get_args, get_origin
 
@@ -19,7 +20,7 @@ from fastapi.dependencies.utils import get_flat_dependant
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.api.auth import Principal, require
-from controlplane.errors import InvalidInputError, UnavailableError
+from controlplane.errors import ForbiddenError, InvalidInputError, UnavailableError
 from controlplane.live import LiveGoodput
 from controlplane.models import Role
 from controlplane.settings import Settings
@@ -27,6 +28,8 @@ from controlplane.settings import Settings
 __all__ = [
     "Admin",
     "Agent",
+    "ClusterOperator",
+    "ClusterViewer",
     "Ingest",
     "LiveDep",
     "Operator",
@@ -114,8 +117,35 @@ SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 LiveDep = Annotated[LiveGoodput, Depends(loaded_live)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
+
+def _cluster_wide(role: Role) -> Callable[[Principal], Awaitable[Principal]]:
+    """``require(role)``, for a key acting on every tenant: fleet members, commands and
+    automation belong to the cluster, not to a tenant, so a tenant-scoped key gets 403."""
+
+    async def cluster_wide(principal: Principal) -> Principal:
+        if principal.tenant is not None:
+            raise ForbiddenError(
+                "this route acts on the whole cluster (fleet, commands, automation); key "
+                f"{principal.name!r} is scoped to tenant {principal.tenant!r}"
+            )
+        return principal
+
+    # The role requirement as a sub-dependency, set on the signature (a closure variable
+    # cannot appear in a postponed annotation).
+    parameter = inspect.Parameter(
+        "principal",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=Depends(require(role)),
+        annotation=Principal,
+    )
+    cluster_wide.__signature__ = inspect.Signature([parameter], return_annotation=Principal)  # type: ignore[attr-defined]
+    return cluster_wide
+
+
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
 Ingest = Annotated[Principal, Depends(require(Role.INGEST))]
 Agent = Annotated[Principal, Depends(require(Role.AGENT))]
+ClusterViewer = Annotated[Principal, Depends(_cluster_wide(Role.VIEWER))]
+ClusterOperator = Annotated[Principal, Depends(_cluster_wide(Role.OPERATOR))]

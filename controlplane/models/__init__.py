@@ -6,6 +6,7 @@ while the database is at another one, and a test checks it is the migrations' he
 """
 
 from controlplane.db import Base
+from controlplane.models.agent_binding import AgentBinding
 from controlplane.models.api_key import APIKey
 from controlplane.models.audit import AuditLog
 from controlplane.models.automation import Automation, RoleMove, RolePin
@@ -25,6 +26,7 @@ from controlplane.models.slo import SLO, SLOVersion
 
 __all__ = [
     "SCHEMA_REVISION",
+    "AgentBinding",
     "SLO",
     "APIKey",
     "AuditLog",
@@ -47,4 +49,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0004_wal_checkpoint"
+SCHEMA_REVISION = "0005_agent_binding"

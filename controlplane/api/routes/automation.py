@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Request, Response, status
 
-from controlplane.api.deps import Operator, SessionDep, Viewer
+from controlplane.api.deps import ClusterOperator, ClusterViewer, SessionDep
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
@@ -47,7 +47,9 @@ def _planner(request: Request) -> PlannerRuntime | None:
 
 
 @router.get("")
-async def read_automation(_: Viewer, session: SessionDep, request: Request) -> AutomationStatus:
+async def read_automation(
+    _: ClusterViewer, session: SessionDep, request: Request
+) -> AutomationStatus:
     """The planner's switch, whether its loop runs here, the pins, the moves in progress and
     what the last tick did."""
     runtime = _planner(request)
@@ -63,7 +65,7 @@ async def read_automation(_: Viewer, session: SessionDep, request: Request) -> A
 
 @router.post("/pause")
 async def pause(
-    principal: Operator, session: SessionDep, body: Annotated[PauseBody, Body()]
+    principal: ClusterOperator, session: SessionDep, body: Annotated[PauseBody, Body()]
 ) -> AutomationPublic:
     """Pause the planner: from its next tick it issues no command at all (moves in progress
     wait where they are) until resumed."""
@@ -75,7 +77,7 @@ async def pause(
 
 @router.post("/resume")
 async def resume(
-    principal: Operator, session: SessionDep, body: Annotated[PauseBody, Body()]
+    principal: ClusterOperator, session: SessionDep, body: Annotated[PauseBody, Body()]
 ) -> AutomationPublic:
     row = await service.set_paused(
         session, paused=False, reason=body.reason, actor=principal.actor, now=utcnow()
@@ -84,7 +86,7 @@ async def resume(
 
 
 @router.get("/pins")
-async def list_pins(_: Viewer, session: SessionDep) -> list[PinPublic]:
+async def list_pins(_: ClusterViewer, session: SessionDep) -> list[PinPublic]:
     return [PinPublic.model_validate(p) for p in await service.list_pins(session)]
 
 
@@ -93,7 +95,7 @@ async def list_pins(_: Viewer, session: SessionDep) -> list[PinPublic]:
     responses={201: {"model": PinPublic, "description": "Pinned"}, **responses(404)},
 )
 async def pin(
-    principal: Operator,
+    principal: ClusterOperator,
     session: SessionDep,
     response: Response,
     member_id: MemberId,
@@ -110,7 +112,7 @@ async def pin(
 
 
 @router.delete("/pins/{member_id}", status_code=204, responses=responses(404))
-async def unpin(principal: Operator, session: SessionDep, member_id: MemberId) -> Response:
+async def unpin(principal: ClusterOperator, session: SessionDep, member_id: MemberId) -> Response:
     await service.unpin(session, member_id, actor=principal.actor, now=utcnow())
     return Response(status_code=204)
 
@@ -122,7 +124,7 @@ async def _public(session: SessionDep, move: RoleMove) -> MovePublic:
 @router.get("/moves")
 async def list_moves(
     *,
-    _: Viewer,
+    _: ClusterViewer,
     session: SessionDep,
     state: MoveState | None = None,
     member_id: MemberFilter | None = None,
@@ -136,7 +138,7 @@ async def list_moves(
 
 
 @router.get("/moves/{move_id}", responses=responses(404))
-async def read_move(_: Viewer, session: SessionDep, move_id: uuid.UUID) -> MovePublic:
+async def read_move(_: ClusterViewer, session: SessionDep, move_id: uuid.UUID) -> MovePublic:
     return await _public(session, await service.get_move(session, move_id))
 
 
@@ -149,7 +151,7 @@ async def read_move(_: Viewer, session: SessionDep, move_id: uuid.UUID) -> MoveP
     },
 )
 async def create_move(
-    principal: Operator,
+    principal: ClusterOperator,
     session: SessionDep,
     request: Request,
     response: Response,
@@ -202,7 +204,7 @@ async def create_move(
 
 
 @router.post("/tick", responses=responses(503))
-async def tick(_: Operator, request: Request) -> TickPublic:
+async def tick(_: ClusterOperator, request: Request) -> TickPublic:
     """Run one planner tick now (what the loop does every ``planner_interval_s``); 503 when
     the planner is disabled in this control plane."""
     runtime = _planner(request)

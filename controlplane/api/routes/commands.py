@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
 
-from controlplane.api.deps import Agent, Operator, SessionDep, Viewer
+from controlplane.api.deps import Agent, ClusterOperator, ClusterViewer, SessionDep
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
@@ -24,6 +24,7 @@ from controlplane.schemas.commands import (
 )
 from controlplane.schemas.common import responses
 from controlplane.schemas.fleet import MEMBER_ID_PATTERN
+from controlplane.services import agents
 from controlplane.services import commands as service
 from exporters.commands import CommandKind
 
@@ -43,7 +44,10 @@ async def poll_commands(principal: Agent, session: SessionDep, member_id: Member
     An unknown member gets an empty list, not a 404: the agent reads a 404 here as "this
     control plane has no command route" and would stop asking for a while.
     """
-    rows = await service.deliver(session, member_id, now=utcnow())
+    now = utcnow()
+    rows = await service.deliver(session, member_id, now=now)
+    # After the delivery, in its transaction: a refusal rolls the delivery back.
+    await agents.act_for(session, member_id, key_id=principal.key_id, role=principal.role, now=now)
     data = [CommandWire.model_validate(service.to_wire(command)) for command in rows]
     return CommandsWire(data=data, count=len(data))
 
@@ -57,9 +61,11 @@ async def ack_command(
     body: AckWire,
 ) -> CommandPublic:
     """The member's ``CommandAck``; repeating it (or acking a re-delivery) changes nothing."""
+    now = utcnow()
     command = await service.acknowledge(
-        session, member_id, command_id, body, actor=principal.actor, now=utcnow()
+        session, member_id, command_id, body, actor=principal.actor, now=now
     )
+    await agents.act_for(session, member_id, key_id=principal.key_id, role=principal.role, now=now)
     return service.command_public(command)
 
 
@@ -72,7 +78,7 @@ async def ack_command(
     },
 )
 async def issue_command(
-    principal: Operator,
+    principal: ClusterOperator,
     session: SessionDep,
     response: Response,
     body: Annotated[CommandIssue, Body()],
@@ -88,7 +94,7 @@ async def issue_command(
 @commands_router.get("")
 async def list_commands(
     *,
-    _: Viewer,
+    _: ClusterViewer,
     session: SessionDep,
     target: TargetFilter | None = None,
     state: CommandState | None = None,
@@ -104,7 +110,7 @@ async def list_commands(
 
 
 @commands_router.get("/{command_id}", responses=responses(404))
-async def read_command(_: Viewer, session: SessionDep, command_id: uuid.UUID) -> CommandPublic:
+async def read_command(_: ClusterViewer, session: SessionDep, command_id: uuid.UUID) -> CommandPublic:
     return service.command_public(await service.get_command(session, command_id))
 
 

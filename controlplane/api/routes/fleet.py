@@ -1,4 +1,6 @@
-"""Fleet routes (``/api/v1/fleet``): agents register and beat (role ``agent``); viewers list."""
+"""Fleet routes (``/api/v1/fleet``): agents register and beat (role ``agent``, each key for
+the members it registered: ``controlplane.services.agents``); viewers list (keys of every
+tenant: the fleet is the cluster's)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from controlplane.api.deps import Agent, SessionDep, SettingsDep, Viewer
+from controlplane.api.deps import Agent, ClusterViewer, SessionDep, SettingsDep
 from controlplane.api.routes._params import FilterText, Limit, Offset
 from controlplane.db import utcnow
 from controlplane.models import FleetKind, FleetRole, FleetState
@@ -18,6 +20,7 @@ from controlplane.schemas.fleet import (
     FleetMembersPublic,
     FleetRegister,
 )
+from controlplane.services import agents
 from controlplane.services import fleet as service
 
 __all__ = ["router"]
@@ -34,6 +37,8 @@ async def register(
     """Announce a gateway or worker (again after a restart: the entry is refreshed)."""
     now = utcnow()
     member, _ = await service.register(session, body, actor=principal.actor, now=now)
+    # After the write, in its transaction: a refusal rolls the overwrite back.
+    await agents.act_for(session, body.id, key_id=principal.key_id, role=principal.role, now=now)
     return service.member_public(member, now=now, timeout_s=settings.fleet_heartbeat_timeout_s)
 
 
@@ -48,13 +53,14 @@ async def heartbeat(
     """Liveness and load; 404 means the control plane forgot the member: register again."""
     now = utcnow()
     member = await service.heartbeat(session, member_id, body, actor=principal.actor, now=now)
+    await agents.act_for(session, member_id, key_id=principal.key_id, role=principal.role, now=now)
     return service.member_public(member, now=now, timeout_s=settings.fleet_heartbeat_timeout_s)
 
 
 @router.get("")
 async def list_fleet(
     *,
-    _: Viewer,
+    _: ClusterViewer,
     session: SessionDep,
     settings: SettingsDep,
     kind: FleetKind | None = None,
@@ -75,7 +81,7 @@ async def list_fleet(
 
 @router.get("/{member_id}", responses=responses(404))
 async def read_member(
-    _: Viewer, session: SessionDep, settings: SettingsDep, member_id: MemberId
+    _: ClusterViewer, session: SessionDep, settings: SettingsDep, member_id: MemberId
 ) -> FleetMemberPublic:
     member = await service.get_member(session, member_id)
     return service.member_public(member, now=utcnow(), timeout_s=settings.fleet_heartbeat_timeout_s)

@@ -28,6 +28,7 @@ TABLES = {
     "command",
     "goodput_rollup",
     "goodput_wal_checkpoint",
+    "agent_binding",
     "automation",
     "role_pin",
     "role_move",
