@@ -110,7 +110,9 @@ async def list_commands(
 
 
 @commands_router.get("/{command_id}", responses=responses(404))
-async def read_command(_: ClusterViewer, session: SessionDep, command_id: uuid.UUID) -> CommandPublic:
+async def read_command(
+    _: ClusterViewer, session: SessionDep, command_id: uuid.UUID
+) -> CommandPublic:
     return service.command_public(await service.get_command(session, command_id))
 
 
