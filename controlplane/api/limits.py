@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -239,6 +240,8 @@ class RequestLimits:
                 scope[PRINCIPAL_SCOPE_KEY] = principal
         except GoodputError as exc:
             return _error(exc)
+        except DBAPIError:  # the key lookup's database is away: as the app's handler says
+            return _error(UnavailableError("the database is unavailable; retry later"))
         return None
 
     def _counting(self, scope: Scope, receive: Receive) -> Receive:
