@@ -22,6 +22,7 @@ __all__ = [
     "reference_gaps_s",
     "reference_judge",
     "reference_latencies",
+    "reference_measured",
     "reference_percentile",
     "reference_quantile_lower",
 ]
@@ -118,14 +119,29 @@ def reference_judge(
     for record in records:
         lat = reference_latencies(record)
         row: list[bool] = []
+        counted: list[bool] = []
         for objective in objectives:
             value = _reference_value(record, lat, objective)
-            row.append(math.isnan(value) or value <= objective.threshold_s)
+            is_measured = reference_measured(record, objective)
+            row.append(is_measured and (math.isnan(value) or value <= objective.threshold_s))
+            counted.append(row[-1] or not is_measured)
         is_judged = record.final and record.status in (Status.OK, Status.ERROR)
         judged.append(is_judged)
-        good.append(is_judged and record.status == Status.OK and all(row))
+        good.append(is_judged and record.status == Status.OK and all(counted))
         met.append(row)
     return good, met, judged
+
+
+def reference_measured(record: RequestRecord, objective: Objective) -> bool:
+    """Whether ``record`` carries ``objective``'s metric (value, or known to be undefined)."""
+    if objective.metric == Metric.ITL:
+        lat = reference_latencies(record)
+        return record.token_detail == TokenDetail.FULL or lat.output_tokens < 2
+    if objective.metric == Metric.E2EL:
+        return bool(len(record.emission_offsets_us)) or (
+            int(record.phase_offsets_us[Phase.FINISHED]) >= 0
+        )
+    return True
 
 
 def _reference_value(record: RequestRecord, lat: ReferenceLatencies, objective: Objective) -> float:

@@ -12,6 +12,9 @@ For a request with arrival ``a``, emissions at ``t1 … tm`` carrying ``k1 … k
 * ``E2EL = tm − a``, or ``f − a`` for a request without emissions (undefined if ``f`` is
   absent too).
 
+A ``SUMMARY`` record of ``n >= 2`` tokens had gaps that it does not carry: its ITL is
+*unmeasured* (``RequestLatencies.itl_measured``), not undefined.
+
 Times in a batch are int64 µs offsets after arrival; differences are taken in integer µs
 and converted to float seconds with one division, so results are exact up to a single
 rounding. Undefined values are NaN. Every function works on whole columns: there is no
@@ -44,6 +47,7 @@ __all__ = [
     "request_latencies",
 ]
 
+B = npt.NDArray[np.bool_]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
@@ -57,6 +61,9 @@ class RequestLatencies:
     ``ttft_s``, ``tpot_s``, ``e2el_s`` and ``itl_max_s`` are NaN where the metric is
     undefined (see the module docstring). ``output_tokens`` is ``n``; ``num_gaps`` is the
     number of ITL gaps (0 for ``SUMMARY`` records and for requests with < 2 emissions).
+    ``itl_measured``: the record carries the request's ITL — ``FULL`` detail, or fewer than
+    two output tokens (no gap to carry). A ``SUMMARY`` record of ``n >= 2`` tokens does not:
+    its ITL is *unmeasured*, which is not the same as undefined (docs/metrics.md).
     """
 
     ttft_s: F64
@@ -65,6 +72,7 @@ class RequestLatencies:
     itl_max_s: F64
     output_tokens: I64
     num_gaps: I64
+    itl_measured: B
 
     def __len__(self) -> int:
         return int(self.ttft_s.shape[0])
@@ -135,6 +143,7 @@ def request_latencies(
         itl_max_s=itl_max_s,
         output_tokens=output_tokens,
         num_gaps=num_gaps,
+        itl_measured=(batch.token_detail == TokenDetail.FULL) | (output_tokens < 2),
     )
 
 

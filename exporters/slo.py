@@ -5,17 +5,22 @@ for every request of a batch, whether each objective is met, whether the request
 toward attainment (*judged*) and whether it is *good*. The rules (docs/metrics.md):
 
 * thresholds are inclusive: ``value <= threshold_s`` is met;
-* an objective on an undefined metric is met (TPOT with n < 2, ITL with fewer than two
-  emissions or ``SUMMARY`` detail, TTFT without a token), as ``vllm bench serve`` does;
+* an objective on a metric that is *undefined* for the request is met (TPOT with n < 2,
+  ITL with fewer than two emissions, TTFT without a token), as ``vllm bench serve`` does;
+* an objective on a metric the record does not *carry* is unmeasured, neither met nor
+  violated: ITL of a ``SUMMARY`` record of n >= 2 tokens (vLLM's stat-logger records, OTLP
+  spans without token events), E2EL of a record with neither a token nor a finish time;
 * judged = final and status ``OK`` or ``ERROR``; ``ERROR`` requests are judged and bad;
   ``ABORTED``, ``REJECTED`` and in-flight records are not judged;
-* good = judged, status ``OK`` and every objective met.
+* good = judged, status ``OK`` and every *measured* objective met (a request is judged on
+  the objectives that were measured on it; the measured share is reported beside).
 
 Example::
 
     objectives = [Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 0.05, "p99")]
     verdicts = judge(batch, objectives)
     attainment = verdicts.num_good / verdicts.num_judged
+    itl_measured_ratio = verdicts.num_measured[1] / verdicts.num_judged
 """
 
 from __future__ import annotations
@@ -119,14 +124,24 @@ class Objective:
 class Verdicts:
     """Verdicts for the N requests of a batch against K objectives.
 
-    ``met[i, k]``: objective *k* met by request *i* (also computed for rows that are not
-    judged). ``judged[i]``: counts toward attainment (final, status ``OK`` or ``ERROR``).
-    ``good[i]``: judged, status ``OK`` and every objective met; ``good`` implies ``judged``.
+    ``measured[i, k]``: request *i*'s record carries what objective *k* needs (a value, or
+    the knowledge that the metric is undefined for it). ``met[i, k]``: objective *k*
+    measured and met by request *i* (also computed for rows that are not judged); an
+    unmeasured objective is neither met nor :attr:`violated`. ``judged[i]``: counts toward
+    attainment (final, status ``OK`` or ``ERROR``). ``good[i]``: judged, status ``OK`` and
+    every measured objective met; ``good`` implies ``judged``.
     """
 
     good: B
     met: B
     judged: B
+    measured: B
+
+    @property
+    def violated(self) -> B:
+        """``(N, K)``: objective *k* measured on request *i* and not met."""
+        violated: B = self.measured & ~self.met
+        return violated
 
     @property
     def num_good(self) -> int:
@@ -135,6 +150,12 @@ class Verdicts:
     @property
     def num_judged(self) -> int:
         return int(np.count_nonzero(self.judged))
+
+    @property
+    def num_measured(self) -> list[int]:
+        """Per objective, the judged requests on which it was measured."""
+        counts = np.count_nonzero(self.measured & self.judged[:, None], axis=0)
+        return [int(c) for c in counts.tolist()]
 
 
 def judge(
@@ -160,6 +181,7 @@ def judge(
         raise SLOError(f"latencies: expected {n} rows (one per request), got {len(latencies)}")
 
     met = np.empty((n, len(objectives)), dtype=np.bool_)
+    measured = np.empty((n, len(objectives)), dtype=np.bool_)
     groups: ItlGroups | None = None
     for k, objective in enumerate(objectives):
         percentile = objective.percentile
@@ -170,13 +192,26 @@ def judge(
             values = groups.percentile(percentile)
         else:
             values = _single_value(latencies, objective.metric)
+        measured[:, k] = _measured(latencies, objective.metric)
         # NaN (undefined) is met: `not (v > t)` is true for NaN and inclusive at v == t.
-        met[:, k] = ~(values > objective.threshold_s)
+        met[:, k] = measured[:, k] & ~(values > objective.threshold_s)
 
     status = batch.status
     judged = batch.final & ((status == Status.OK) | (status == Status.ERROR))
-    good = judged & (status == Status.OK) & met.all(axis=1)
-    return Verdicts(good=good, met=met, judged=judged)
+    # Good: every objective met or unmeasured (judged on the measured ones).
+    good = judged & (status == Status.OK) & (met | ~measured).all(axis=1)
+    return Verdicts(good=good, met=met, judged=judged, measured=measured)
+
+
+def _measured(latencies: RequestLatencies, metric: Metric) -> B:
+    """Rows whose record carries ``metric`` (its value, or that it is undefined)."""
+    if metric is Metric.ITL:
+        return latencies.itl_measured
+    if metric is Metric.E2EL:
+        # Undefined only without a token and without a finish time: the record lacks it.
+        return ~np.isnan(latencies.e2el_s)
+    # TTFT and TPOT come from the first and last emission, which every detail level keeps.
+    return np.ones(len(latencies), dtype=np.bool_)
 
 
 def _single_value(latencies: RequestLatencies, metric: Metric) -> F64:

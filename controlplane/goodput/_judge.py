@@ -6,7 +6,9 @@ per batch for every SLO, or kept per row in the dry-run store without the token 
 :func:`judge_values` feeds them to the same ``judge``: each group of ITL-percentile
 objectives with one percentile is judged as an ITL ``"max"`` objective over a copy of the
 latencies whose ``itl_max_s`` is that percentile. The comparison rules (inclusive
-thresholds, undefined is met, who is judged and good) stay in one place, the metric core.
+thresholds, undefined is met, unmeasured is neither, who is judged and good) stay in one
+place, the metric core. Whether ITL was measured travels in the latencies
+(``RequestLatencies.itl_measured``), so the engine needs no token detail here.
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ def judge_values(
     if not by_percentile:
         return base
     met = np.empty((len(batch), len(objectives)), dtype=np.bool_)
+    measured = np.empty((len(batch), len(objectives)), dtype=np.bool_)
     met[:, plain] = base.met
+    measured[:, plain] = base.measured
     good = base.good.copy()
     for percentile, indices in by_percentile.items():
         if percentile not in itl_percentiles:
@@ -90,6 +94,7 @@ def judge_values(
         group = [Objective(Metric.ITL, objectives[k].threshold_s) for k in indices]
         verdicts = judge(batch, group, as_max)
         met[:, indices] = verdicts.met
-        # good = judged ∧ OK ∧ every objective met: the conjunction over the groups.
+        measured[:, indices] = verdicts.measured
+        # good = judged ∧ OK ∧ no measured objective violated: the conjunction over groups.
         good &= verdicts.good
-    return Verdicts(good=good, met=met, judged=base.judged)
+    return Verdicts(good=good, met=met, judged=base.judged, measured=measured)

@@ -2,10 +2,11 @@
 
 Each row keeps what a verdict needs without the token times: finish time, vantage,
 status, label codes (one engine-wide dictionary per label key), TTFT, TPOT, E2EL, the
-largest ITL gap, a few per-request ITL percentiles and the output tokens — 102 bytes with
-the default four percentiles. Rows live in fixed-size chunks; the oldest chunk goes when
-the store holds more than ``cap_rows`` rows (counted as evicted) or when all its rows are
-older than ``retention_s`` (expired, not counted).
+largest ITL gap, a few per-request ITL percentiles, the output tokens and whether the
+record carried its ITL — 103 bytes with the default four percentiles. Rows live in
+fixed-size chunks; the oldest chunk goes when the store holds more than ``cap_rows`` rows
+(counted as evicted) or when all its rows are older than ``retention_s`` (expired, not
+counted).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Chunk:
     vantage: npt.NDArray[np.uint8]
     status: npt.NDArray[np.uint8]
     tokens: I64
+    itl_measured: B
     size: int = 0
     newest_s: float = -np.inf
 
@@ -54,6 +56,7 @@ class _Chunk:
             vantage=np.empty(capacity, dtype=np.uint8),
             status=np.empty(capacity, dtype=np.uint8),
             tokens=np.empty(capacity, dtype=np.int64),
+            itl_measured=np.empty(capacity, dtype=np.bool_),
         )
 
     @property
@@ -63,7 +66,15 @@ class _Chunk:
     @property
     def nbytes(self) -> int:
         return sum(
-            a.nbytes for a in (self.floats, self.codes, self.vantage, self.status, self.tokens)
+            a.nbytes
+            for a in (
+                self.floats,
+                self.codes,
+                self.vantage,
+                self.status,
+                self.tokens,
+                self.itl_measured,
+            )
         )
 
 
@@ -100,6 +111,7 @@ class RecentStore:
         )
         vantage, status = view.vantage[rows], view.status[rows]
         tokens = view.tokens[rows]
+        itl_measured = lat.itl_measured[rows]
         done = 0
         while done < rows.shape[0]:
             if not self.chunks or self.chunks[-1].size == self.chunks[-1].capacity:
@@ -111,6 +123,7 @@ class RecentStore:
             chunk.codes[:, dst] = codes[:, src]
             chunk.vantage[dst], chunk.status[dst] = vantage[src], status[src]
             chunk.tokens[dst] = tokens[src]
+            chunk.itl_measured[dst] = itl_measured[src]
             chunk.newest_s = max(chunk.newest_s, float(values[_FINISH, src].max()))
             chunk.size += take
             done += take
@@ -138,7 +151,7 @@ class RecentStore:
     def evaluate(self, spec: SLOSpec, window_s: float, now: float) -> tuple[I64, I64]:
         """Counter sums (``spec``'s columns) and sketches of the rows ``spec`` selects that
         finished in ``(now − window_s, now]``, judged with ``spec``'s objectives."""
-        width = col.BASE_COLUMNS + len(spec.objectives)
+        width = col.width(len(spec.objectives))
         counts = np.zeros(width, dtype=np.int64)
         sketches = np.zeros((len(METRICS), LatencySketch.NUM_BUCKETS), dtype=np.int64)
         wanted: list[tuple[int, int]] = []
@@ -180,6 +193,7 @@ class RecentStore:
             itl_max_s=f[_ITL_MAX],
             output_tokens=tokens,
             num_gaps=np.zeros(rows.shape[0], dtype=np.int64),
+            itl_measured=chunk.itl_measured[rows],
         )
         batch = status_batch(status, np.ones(rows.shape[0], dtype=np.bool_))
         itl = {q: f[i] for q, i in percentiles.items()}
@@ -193,7 +207,11 @@ class RecentStore:
         counts[col.REJECTED] += np.count_nonzero(status == Status.REJECTED)
         counts[col.OUTPUT_TOKENS] += int(tokens[judged | aborted].sum())
         counts[col.GOOD_OUTPUT_TOKENS] += int(tokens[good].sum())
-        counts[col.BASE_COLUMNS :] += (judged[:, None] & ~verdicts.met).sum(axis=0)
+        k = len(spec.objectives)
+        counts[col.BASE_COLUMNS : col.BASE_COLUMNS + k] += (
+            judged[:, None] & verdicts.violated
+        ).sum(axis=0)
+        counts[col.BASE_COLUMNS + k :] += (judged[:, None] & ~verdicts.measured).sum(axis=0)
         ok = status == Status.OK
         for metric, row in ((TTFT, _TTFT), (TPOT, _TPOT), (E2EL, _E2EL)):
             sketches[metric] += LatencySketch.bucket_counts(f[row][ok])

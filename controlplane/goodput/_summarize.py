@@ -28,13 +28,37 @@ __all__ = [
     "REQUESTS",
     "build_stats",
     "percentiles",
+    "remap_columns",
+    "width",
 ]
 
 I64 = npt.NDArray[np.int64]
 
-# Counter columns; objective k's violations are column BASE_COLUMNS + k.
+# Counter columns. With K objectives, objective k's violations are column
+# BASE_COLUMNS + k and the judged requests on which it was *not* measured column
+# BASE_COLUMNS + K + k (unmeasured rather than measured, so that a minute stored before the
+# column existed reads as fully measured, which is how it was judged): see width().
 REQUESTS, GOOD, ERRORS, ABORTED, REJECTED, OUTPUT_TOKENS, GOOD_OUTPUT_TOKENS = range(7)
 BASE_COLUMNS = 7
+
+
+def width(num_objectives: int) -> int:
+    """Counter columns of an SLO with ``num_objectives`` objectives."""
+    return BASE_COLUMNS + 2 * num_objectives
+
+
+def remap_columns(old_keys: Sequence[str], new_keys: Sequence[str]) -> list[int | None]:
+    """For each counter column of ``new_keys``, the column of ``old_keys`` it continues
+    (``None``: a new objective, starting at 0)."""
+    columns: list[int | None] = list(range(BASE_COLUMNS))
+    for block in (0, 1):
+        columns += [
+            BASE_COLUMNS + block * len(old_keys) + old_keys.index(k) if k in old_keys else None
+            for k in new_keys
+        ]
+    return columns
+
+
 _QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -62,8 +86,8 @@ def build_stats(
     sketches: I64 | None,
     in_flight: int = 0,
 ) -> GoodputStats:
-    """Stats of ``spec`` from summed ``counts`` (columns above, violations in ``keys``
-    order), the compliance window's ``compliance_counts`` and ``(len(METRICS),
+    """Stats of ``spec`` from summed ``counts`` (columns above, violations then unmeasured
+    counts in ``keys`` order), the compliance window's ``compliance_counts`` and ``(len(METRICS),
     NUM_BUCKETS)`` sketch ``sketches`` (``None``: no percentiles)."""
     c = [int(v) for v in counts.tolist()]
     requests, good, errors, aborted = c[REQUESTS], c[GOOD], c[ERRORS], c[ABORTED]
@@ -106,6 +130,11 @@ def build_stats(
         error_budget_remaining_ratio=budget_remaining,
         availability_ratio=_ratio(admitted, admitted + rejected),
         violations={key: c[BASE_COLUMNS + k] for k, key in enumerate(keys)},
+        measured={key: requests - c[BASE_COLUMNS + len(keys) + k] for k, key in enumerate(keys)},
+        measured_ratio={
+            key: _ratio(requests - c[BASE_COLUMNS + len(keys) + k], requests)
+            for k, key in enumerate(keys)
+        },
         ttft=per_metric["ttft"],
         tpot=per_metric["tpot"],
         itl=per_metric["itl"],

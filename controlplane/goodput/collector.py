@@ -14,6 +14,12 @@ or ``compliance``), with the PromQL that reads them:
   Attainment over any range: ``sum by (slo) (rate(goodput_requests_total{result="good"}[5m]))
   / sum by (slo) (rate(goodput_requests_total{result=~"good|bad"}[5m]))``.
 * ``goodput_slo_violations_total{slo,objective}`` (counter; objective key, e.g. ``itl_p99``).
+* ``goodput_slo_objective_measured_total{slo,objective}`` (counter): judged requests whose
+  record carried the objective's metric (an ITL objective on vLLM's stat-logger records or
+  OTLP spans is not measured; docs/metrics.md). Measured share over 5 minutes:
+  ``sum by (slo, objective) (rate(goodput_slo_objective_measured_total[5m]))
+  / on (slo) group_left sum by (slo) (rate(goodput_requests_total{result=~"good|bad"}[5m]))``.
+  Same series as the violations (one per objective key).
 * ``goodput_attainment_ratio{slo,window}`` = good / judged (absent when nothing was judged).
 * ``goodput_requests_per_second{slo,window}``: goodput, good requests per second.
 * ``goodput_burn_rate{slo,window}`` = (1 − attainment) / (1 − target). Fast-burn alert:
@@ -61,6 +67,7 @@ class _Families:
 
     requests: CounterMetricFamily
     violations: CounterMetricFamily
+    measured: CounterMetricFamily
     attainment: GaugeMetricFamily
     goodput: GaugeMetricFamily
     burn_rate: GaugeMetricFamily
@@ -85,6 +92,11 @@ class _Families:
             violations=CounterMetricFamily(
                 "goodput_slo_violations",
                 "Judged requests that broke an SLO objective, by objective key.",
+                labels=["slo", "objective"],
+            ),
+            measured=CounterMetricFamily(
+                "goodput_slo_objective_measured",
+                "Judged requests whose record carried the objective's metric, by objective key.",
                 labels=["slo", "objective"],
             ),
             attainment=GaugeMetricFamily(
@@ -179,6 +191,8 @@ class GoodputCollector:
                 fam.requests.add_metric([t.slo_name, vantage, result], getattr(t, result))
             for key, value in t.violations.items():
                 fam.violations.add_metric([t.slo_name, key], value)
+            for key, value in t.measured.items():
+                fam.measured.add_metric([t.slo_name, key], value)
             fam.in_flight.add_metric([t.slo_name], t.in_flight)
             for family, name in zip(fam.histograms, METRICS, strict=True):
                 h = t.histograms[name]

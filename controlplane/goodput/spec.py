@@ -12,13 +12,13 @@ for the largest gap), and ``"itl_pNN"`` for a per-request ITL percentile (``"itl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from exporters.records import LABEL_KEYS, Vantage
 from exporters.slo import Metric, Objective
 
-__all__ = ["SLOSpec", "SpecError", "objective_key"]
+__all__ = ["SLOSpec", "SpecError", "measurement_warnings", "objective_key"]
 
 
 class SpecError(ValueError):
@@ -30,6 +30,31 @@ def objective_key(objective: Objective) -> str:
     if objective.metric is Metric.ITL and objective.statistic != "max":
         return f"itl_{objective.statistic}"
     return objective.metric.value
+
+
+def measurement_warnings(vantage: object, objectives: Iterable[Objective]) -> list[str]:
+    """What an SLO judged at ``vantage`` cannot measure, one sentence per objective.
+
+    At the engine vantage, vLLM's own records — its stat-logger plugin's and its OTLP
+    ``llm_request`` spans — carry the first and last token only (``SUMMARY`` detail): an ITL
+    objective is *unmeasured* on them (docs/metrics.md), and requests from those sources
+    are judged on the other objectives. Only engine-side producers that send every token
+    (an OpenTelemetry exporter with token events) measure it there. The gateway vantage
+    measures every objective.
+
+    >>> measurement_warnings("engine", [Objective(Metric.ITL, 0.05, "p99")])[0][:40]
+    "objective 'itl_p99' (itl p99 <= 0.05 s) "
+    """
+    if _vantage(vantage) is not Vantage.ENGINE:
+        return []
+    return [
+        f"objective {objective_key(o)!r} (itl {o.statistic} <= {o.threshold_s:g} s) cannot be "
+        "measured on vLLM's engine-side records (stat-logger plugin, OTLP llm_request spans: "
+        "first and last token only); those requests are judged on the other objectives and "
+        "counted as unmeasured (measured_ratio); judge ITL at vantage 'gateway'"
+        for o in objectives
+        if o.metric is Metric.ITL
+    ]
 
 
 def _vantage(value: object) -> Vantage:

@@ -55,7 +55,11 @@ class GoodputStats:
     * ``aborted``: cancelled by the client (admitted, not judged); ``admitted = requests +
       aborted``; ``rejected``: shed by admission control (counts against availability);
     * ``output_tokens``: tokens of admitted requests; ``good_output_tokens``: of good ones;
-    * ``violations``: objective key → judged requests that broke that objective.
+    * ``violations``: objective key → judged requests that broke that objective;
+    * ``measured``: objective key → judged requests whose record carried the objective's
+      metric (docs/metrics.md: an ITL objective on a ``SUMMARY`` record is unmeasured, and
+      such a request is judged on its other objectives); ``measured_ratio`` = measured /
+      requests (``None`` when nothing was judged), to read beside the attainment.
 
     Rates divide by ``duration_s`` = the window, or the time since history began (engine
     start, earliest loaded rollup or earliest finish accepted) when that is shorter, at
@@ -99,6 +103,8 @@ class GoodputStats:
     itl: LatencyPercentiles
     e2el: LatencyPercentiles
     in_flight: int = 0
+    measured: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    measured_ratio: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested dataclasses become dicts)."""
@@ -111,7 +117,8 @@ class MinuteRollup:
 
     Absolute, not a delta: re-emitting a minute (after a late record, or on request)
     carries its full counts, so the store upserts by ``(slo_id, minute_start)``. Counts as
-    in :class:`GoodputStats`; ``sketch_blob`` is an opaque, versioned encoding of the
+    in :class:`GoodputStats`; ``unmeasured``: objective key → judged requests on which it
+    was not measured (absent keys are 0); ``sketch_blob`` is an opaque, versioned encoding of the
     minute's latency sketches (decode with :func:`controlplane.goodput.rollup_sketches`).
     """
 
@@ -126,6 +133,7 @@ class MinuteRollup:
     good_output_tokens: int
     violations: dict[str, int]
     sketch_blob: bytes
+    unmeasured: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +178,9 @@ class LatencyHistogram:
 class SLOTotals:
     """One SLO's lifetime totals since engine start, as Prometheus counters want them.
 
-    ``good`` + ``bad`` = judged requests; ``violations`` by objective key (keys of earlier
-    versions of the SLO included); ``histograms`` by metric name (``"ttft"``, ``"tpot"``,
+    ``good`` + ``bad`` = judged requests; ``violations`` and ``measured`` (judged requests
+    on which the objective was measured) by objective key (keys of earlier versions of the
+    SLO included); ``histograms`` by metric name (``"ttft"``, ``"tpot"``,
     ``"itl"`` over every gap, ``"e2el"``) of successful requests; ``in_flight`` as in
     :class:`GoodputStats`.
     """
@@ -185,3 +194,4 @@ class SLOTotals:
     violations: Mapping[str, int]
     histograms: Mapping[str, LatencyHistogram]
     in_flight: int
+    measured: Mapping[str, int] = dataclasses.field(default_factory=dict)

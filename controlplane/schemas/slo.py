@@ -28,6 +28,7 @@ __all__ = [
     "SLOCreate",
     "SLOImportResult",
     "SLOPublic",
+    "SLOSavedPublic",
     "SLOUpdate",
     "SLOVersionPublic",
     "SLOVersionsPublic",
@@ -192,6 +193,15 @@ class SLOPublic(BaseModel):
     deleted_at: datetime | None
 
 
+class SLOSavedPublic(SLOPublic):
+    """An SLO as created or updated, with ``warnings``: what it cannot measure at its
+    vantage (an ITL objective at ``engine``: vLLM's records carry no inter-token gaps). A
+    warning does not refuse the change; it says which objectives will be reported as
+    unmeasured (``measured_ratio`` of the goodput API) instead of silently passing."""
+
+    warnings: list[str] = Field(default_factory=list)
+
+
 class SLOsPublic(BaseModel):
     """A page of SLOs; ``count`` is the number matching the filters across all pages."""
 
@@ -215,10 +225,12 @@ class SLOVersionsPublic(BaseModel):
 
 
 class SLOApplied(BaseModel):
-    """One SLO of an import: whether it was created, updated or already as given."""
+    """One SLO of an import: whether it was created, updated or already as given, and what
+    it cannot measure at its vantage (as :class:`SLOSavedPublic` ``warnings``)."""
 
     action: Literal["created", "updated", "unchanged"]
     slo: SLOPublic
+    warnings: list[str] = Field(default_factory=list)
 
 
 class SLOImportResult(BaseModel):

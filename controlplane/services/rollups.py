@@ -30,6 +30,8 @@ __all__ = ["HISTORY_MIN_S", "checkpoint", "history", "save_checkpoint", "upsert"
 
 #: History loaded for an SLO: its compliance window, and at least a day (the ``1d`` window).
 HISTORY_MIN_S = 86_400.0
+#: Prefix of the keys of the violations document that hold unmeasured counts (``_row``).
+UNMEASURED_PREFIX = "unmeasured:"
 _COLUMNS = (
     "requests",
     "good",
@@ -73,6 +75,13 @@ async def upsert(session: AsyncSession, rollups: Iterable[MinuteRollup]) -> int:
 
 
 def _to_rollup(row: GoodputRollup) -> MinuteRollup:
+    violations: dict[str, int] = {}
+    unmeasured: dict[str, int] = {}
+    for key, value in row.violations.items():
+        if key.startswith(UNMEASURED_PREFIX):
+            unmeasured[key.removeprefix(UNMEASURED_PREFIX)] = value
+        else:
+            violations[key] = value
     return MinuteRollup(
         slo_id=str(row.slo_id),
         minute_start=row.minute_start,
@@ -83,17 +92,26 @@ def _to_rollup(row: GoodputRollup) -> MinuteRollup:
         rejected=row.rejected,
         output_tokens=row.output_tokens,
         good_output_tokens=row.good_output_tokens,
-        violations=dict(row.violations),
+        violations=violations,
         sketch_blob=bytes(row.sketch_blob),
+        unmeasured=unmeasured,
     )
 
 
 def _row(rollup: MinuteRollup) -> dict[str, object]:
-    return {
+    row: dict[str, object] = {
         "slo_id": uuid.UUID(rollup.slo_id),
         "minute_start": rollup.minute_start,
         **{name: getattr(rollup, name) for name in _COLUMNS},
     }
+    # Unmeasured counts ride in the violations document under prefixed keys (objective
+    # keys never hold a colon): no column to migrate, and a stored minute without them
+    # reads as fully measured, which is how it was judged.
+    row["violations"] = {
+        **rollup.violations,
+        **{f"{UNMEASURED_PREFIX}{k}": n for k, n in rollup.unmeasured.items() if n},
+    }
+    return row
 
 
 def _upsert(dialect: str) -> sa.Executable:

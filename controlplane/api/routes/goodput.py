@@ -3,8 +3,9 @@
 * ``GET /api/v1/slos/{id_or_name}/goodput?window=5m`` — one SLO's :class:`GoodputStatsPublic`;
 * ``GET /api/v1/goodput?window=1m`` — every SLO the key may see;
 * ``POST /api/v1/slos:dry-run`` — a candidate SLO (an ``SLOCreate`` body) judged over the
-  last ``window_s`` (at most 1 h) of stored requests, without saving anything. A read, so
-  ``viewer`` may run it;
+  last ``window_s`` (at most 1 h) of stored requests, without saving anything, with the
+  objectives it cannot measure at its vantage in ``warnings``. A read, so ``viewer`` may
+  run it;
 * ``GET /api/v1/goodput/stream`` — Server-Sent Events: one ``event: goodput`` per
   ``goodput_stream_interval_s`` (1 s) with every SLO's stats over 10 s, 1 min and 5 min;
   it ends when the client goes away or the app shuts down.
@@ -41,13 +42,21 @@ from controlplane.goodput import (
     SpecError,
     UnknownSLOError,
 )
+from controlplane.goodput.spec import measurement_warnings
 from controlplane.live import LiveGoodput
 from controlplane.models import SLO
 from controlplane.schemas.common import ErrorPublic, Interval, WireModel, responses
 from controlplane.schemas.slo import SLOCreate
 from controlplane.services import slos as slo_service
 
-__all__ = ["STREAM_WINDOWS", "WINDOWS", "GoodputStatsPublic", "GoodputsPublic", "router"]
+__all__ = [
+    "STREAM_WINDOWS",
+    "WINDOWS",
+    "GoodputStatsPublic",
+    "GoodputsPublic",
+    "SLODryRunPublic",
+    "router",
+]
 
 router = APIRouter(tags=["goodput"])
 
@@ -107,11 +116,20 @@ class GoodputStatsPublic(BaseModel):
     error_budget_remaining_ratio: float
     availability_ratio: float | None
     violations: dict[str, int]
+    measured: dict[str, int]
+    measured_ratio: dict[str, float | None]
     ttft: LatencyPercentilesPublic
     tpot: LatencyPercentilesPublic
     itl: LatencyPercentilesPublic
     e2el: LatencyPercentilesPublic
     in_flight: int
+
+
+class SLODryRunPublic(GoodputStatsPublic):
+    """A dry run's stats, with ``warnings``: the objectives the candidate cannot measure at
+    its vantage (as the create and update responses give them)."""
+
+    warnings: list[str]
 
 
 class GoodputsPublic(BaseModel):
@@ -182,7 +200,7 @@ async def all_goodput(
 
 
 @router.post("/slos:dry-run", responses=responses(403))
-async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> GoodputStatsPublic:
+async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> SLODryRunPublic:
     """What the candidate SLO would have measured over the last ``window_s`` seconds."""
     candidate = body.slo
     selector = candidate.selector.model_dump(exclude_none=True)
@@ -208,7 +226,9 @@ async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> Goodp
         stats = await run_in_threadpool(_live(request).engine.dry_run, spec, body.window_s)
     except SpecError as exc:
         raise InvalidInputError(str(exc), loc=("body", "slo")) from None
-    return _public(stats)
+    return SLODryRunPublic(
+        **dict(_public(stats)), warnings=measurement_warnings(spec.vantage, spec.objectives)
+    )
 
 
 def _snapshot(engine: GoodputEngine, now: float, tenant: str | None) -> dict[str, Any]:

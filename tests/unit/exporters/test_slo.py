@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporters._reference import reference_judge
+from exporters._reference import reference_judge, reference_measured
 from exporters.latency import request_latencies
 from exporters.records import (
     Phase,
@@ -77,8 +77,42 @@ def test_judge_equals_the_reference(recs: list[RequestRecord], objs: list[Object
     assert verdicts.judged.tolist() == judged
     assert verdicts.met.shape == (len(recs), len(objs))
     assert verdicts.met.tolist() == met
+    measured = [[reference_measured(r, o) for o in objs] for r in recs]
+    assert verdicts.measured.tolist() == measured
     assert verdicts.num_good == sum(good)
     assert verdicts.num_judged == sum(judged)
+    assert verdicts.num_measured == [
+        sum(judged[i] and measured[i][k] for i in range(len(recs))) for k in range(len(objs))
+    ]
+
+
+@settings(deadline=None, max_examples=300)
+@given(record_lists(), st.lists(objectives, max_size=5))
+def test_unmeasured_objectives_neither_pass_nor_fail(
+    recs: list[RequestRecord], objs: list[Objective]
+) -> None:
+    """Properties of the measured/met split, whatever the records."""
+    verdicts = judge(RecordBatch.from_records(recs), objs)
+    # met and violated only where measured, and they partition the measured cells.
+    assert not (verdicts.met & ~verdicts.measured).any()
+    assert np.array_equal(verdicts.met ^ verdicts.violated, verdicts.measured)
+    # good = judged, OK and nothing violated: unmeasured never makes a request bad.
+    ok = np.array([r.status == Status.OK for r in recs], dtype=np.bool_)
+    assert np.array_equal(verdicts.good, verdicts.judged & ok & ~verdicts.violated.any(axis=1))
+    # Dropping the unmeasured objectives of a row never changes its verdict: judging each
+    # row only on its measured objectives gives the same good.
+    for i, rec in enumerate(recs):
+        kept = [o for k, o in enumerate(objs) if verdicts.measured[i, k]]
+        alone = judge(RecordBatch.from_records([rec]), kept)
+        assert bool(alone.good[0]) == bool(verdicts.good[i])
+        assert alone.measured.all()
+    # Only ITL and E2EL can be unmeasured; a FULL record with a finish or a token carries all.
+    for i, rec in enumerate(recs):
+        for k, objective in enumerate(objs):
+            if not verdicts.measured[i, k]:
+                assert objective.metric in (Metric.ITL, Metric.E2EL)
+                if objective.metric is Metric.ITL:
+                    assert rec.token_detail is TokenDetail.SUMMARY
 
 
 @settings(deadline=None)
@@ -90,6 +124,7 @@ def test_judge_reuses_given_latencies(recs: list[RequestRecord], objs: list[Obje
     np.testing.assert_array_equal(fresh.good, reused.good)
     np.testing.assert_array_equal(fresh.met, reused.met)
     np.testing.assert_array_equal(fresh.judged, reused.judged)
+    np.testing.assert_array_equal(fresh.measured, reused.measured)
 
 
 def _rec(
@@ -134,11 +169,42 @@ def test_undefined_metrics_are_met() -> None:
         Objective(Metric.E2EL, 0.001),
     ]
     one_token = _rec([500])  # TPOT and ITL undefined; TTFT/E2EL = 0.5 ms
-    summary = _rec([500, 900], tokens=[1, 1], detail=TokenDetail.SUMMARY)  # ITL undefined
-    nothing = _rec([])  # no emissions, no finish time: everything undefined
-    verdicts = _judge([one_token, summary, nothing], objs)
+    one_chunk = _rec([500], tokens=[4])  # one chunk of 4: no gap, TPOT 0
+    summary_one = _rec([500], detail=TokenDetail.SUMMARY)  # one token: no gap to carry
+    verdicts = _judge([one_token, one_chunk, summary_one], objs)
+    assert verdicts.measured.all()
     assert verdicts.met.all()
     assert verdicts.good.tolist() == [True, True, True]
+
+
+def test_metrics_a_record_does_not_carry_are_unmeasured() -> None:
+    objs = [
+        Objective(Metric.TTFT, 0.001),
+        Objective(Metric.TPOT, 0.001),
+        Objective(Metric.ITL, 0.001),
+        Objective(Metric.ITL, 0.001, "p99"),
+        Objective(Metric.E2EL, 0.001),
+    ]
+    summary = _rec([500, 900], tokens=[1, 1], detail=TokenDetail.SUMMARY)  # gaps not carried
+    slow_summary = _rec([500, 9_000], tokens=[1, 2], detail=TokenDetail.SUMMARY)
+    nothing = _rec([])  # OK without a token or a finish time: E2EL not carried
+    errored = _rec([500, 900], Status.ERROR, tokens=[1, 1], detail=TokenDetail.SUMMARY)
+    verdicts = _judge([summary, slow_summary, nothing, errored], objs)
+    assert verdicts.measured.tolist() == [
+        [True, True, False, False, True],
+        [True, True, False, False, True],
+        [True, True, True, True, False],
+        [True, True, False, False, True],
+    ]
+    assert verdicts.met.tolist() == [
+        [True, True, False, False, True],
+        [True, False, False, False, False],  # TPOT 4.25 ms and E2EL 9 ms break 1 ms
+        [True, True, True, True, False],
+        [True, True, False, False, True],
+    ]
+    assert not (verdicts.violated[:, 2:4]).any()  # unmeasured is never a violation
+    assert verdicts.good.tolist() == [True, False, True, False]
+    assert verdicts.num_measured == [4, 4, 1, 1, 3]
 
 
 def test_itl_max_and_percentile_objectives() -> None:

@@ -127,6 +127,7 @@ class Offline:
     output_tokens: int
     good_output_tokens: int
     violations: dict[str, int]
+    measured: dict[str, int]
     ttft: list[float]
     tpot: list[float]
     itl: list[float]
@@ -154,9 +155,10 @@ def offline(spec: SLOSpec, records: Sequence[RequestRecord]) -> Offline:
         output_tokens=int(tokens[admitted].sum()),
         good_output_tokens=int(tokens[verdicts.good].sum()),
         violations={
-            key: int((verdicts.judged & ~verdicts.met[:, k]).sum())
+            key: int((verdicts.judged & verdicts.violated[:, k]).sum())
             for k, key in enumerate(spec.objective_keys)
         },
+        measured=dict(zip(spec.objective_keys, verdicts.num_measured, strict=True)),
         ttft=[float(v) for v in lat.ttft_s[ok] if not math.isnan(v)],
         tpot=[float(v) for v in lat.tpot_s[ok] if not math.isnan(v)],
         itl=[float(v) for v in gaps[ok[gap_rows]]] if gaps.shape[0] else [],

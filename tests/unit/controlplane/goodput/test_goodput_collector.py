@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controlplane.goodput import GoodputCollector, GoodputEngine
-from exporters.records import RecordBatch, Status
+from exporters.records import RecordBatch, Status, TokenDetail
 from exporters.slo import Metric, Objective
 from tests.unit.controlplane.goodput.fixtures import T0, FakeClock, make_record, make_spec
 
@@ -107,3 +107,29 @@ def test_describe_names_the_families_without_computing_them() -> None:
     names = {m.name for m in GoodputCollector(engine).describe()}
     assert {"goodput_requests", "goodput_burn_rate", "goodput_ttft_seconds"} <= names
     assert all(not m.samples for m in GoodputCollector(engine).describe())
+
+
+def test_objective_measured_counter_counts_records_that_carry_the_metric() -> None:
+    engine = GoodputEngine(clock=FakeClock(T0 + 30))
+    engine.set_slos([make_spec([Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 0.03)])])
+    at = (T0 + 20) * US
+    engine.ingest(
+        RecordBatch.from_records(
+            [
+                make_record("full", at, gaps_us=[10_000]),
+                make_record("summary", at, gaps_us=[90_000], detail=TokenDetail.SUMMARY),
+                make_record("one-token", at, gaps_us=[], detail=TokenDetail.SUMMARY),
+            ]
+        )
+    )
+    registry = CollectorRegistry()
+    registry.register(GoodputCollector(engine, clock=lambda: T0 + 30))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"slo": "name-s1", **labels})
+
+    assert value("goodput_slo_objective_measured_total", objective="ttft") == 3
+    # The SUMMARY record of two tokens does not carry its gap; one token has none to carry.
+    assert value("goodput_slo_objective_measured_total", objective="itl") == 2
+    assert value("goodput_slo_violations_total", objective="itl") == 0
+    assert value("goodput_requests_total", vantage="gateway", result="good") == 3

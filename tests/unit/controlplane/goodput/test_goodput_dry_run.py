@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from controlplane.goodput import GoodputEngine, SpecError
-from exporters.records import Labels, RecordBatch, Status, Vantage
+from exporters.records import Labels, RecordBatch, Status, TokenDetail, Vantage
 from exporters.slo import Metric, Objective
 from tests.unit.controlplane.goodput.fixtures import (
     T0,
@@ -35,6 +35,7 @@ def recent_traffic(n: int = 300, seed: int = 1) -> list:
             status=statuses[int(rng.integers(0, len(statuses)))],
             labels=Labels(model="m", tenant=str(rng.choice(["a", "b"]))),
             vantage=Vantage(int(rng.integers(0, 2))),
+            detail=TokenDetail(int(rng.random() < 0.25)),  # some ITL not carried (SUMMARY)
         )
         for i in range(n)
     ]
@@ -72,6 +73,7 @@ def test_dry_run_equals_the_offline_judgement_of_the_candidate(objectives) -> No
         exact.good_output_tokens,
     )
     assert dict(stats.violations) == exact.violations
+    assert dict(stats.measured) == exact.measured
     assert stats.attainment_ratio == pytest.approx(exact.good / exact.requests)
     # History (and so the rate's divisor) begins with the earliest finish accepted.
     assert stats.duration_s == clock.now - min(finish_second(r) for r in records)
@@ -87,6 +89,7 @@ def test_dry_run_of_the_live_spec_matches_the_live_window() -> None:
     for field in ("requests", "good", "errors", "aborted", "rejected", "output_tokens"):
         assert getattr(dry, field) == getattr(live, field)
     assert dry.violations == live.violations
+    assert dry.measured == live.measured
 
 
 def test_a_shorter_window_keeps_only_recent_finishes() -> None:

@@ -169,6 +169,7 @@ def test_engine_equals_offline_exact_computation(case, selector) -> None:
         assert stats.output_tokens == exact.output_tokens
         assert stats.good_output_tokens == exact.good_output_tokens
         assert dict(stats.violations) == exact.violations
+        assert dict(stats.measured) == exact.measured
         expected = exact.good / exact.requests if exact.requests else None
         assert stats.attainment_ratio == pytest.approx(expected)
     # Sketch windows cover whole 10-s slots: the 5 min one holds every record here.
@@ -272,18 +273,25 @@ def test_selectors_and_vantage_choose_rows() -> None:
 
 
 def test_changed_spec_keeps_history_and_judges_new_requests_with_the_new_objectives() -> None:
-    old = make_spec([Objective(Metric.TTFT, 0.2), Objective(Metric.E2EL, 1.0)])
+    old = make_spec([Objective(Metric.TTFT, 0.2), Objective(Metric.ITL, 1.0)])
     engine, clock = engine_with(old)
     engine.ingest(RecordBatch.from_records([make_record("a", (T0 + 1) * US, ttft_us=300_000)]))
+    summary = make_record("s", (T0 + 1) * US, detail=TokenDetail.SUMMARY)  # ITL not carried
+    engine.ingest(RecordBatch.from_records([summary]))
     new = make_spec(
-        [Objective(Metric.TTFT, 0.5), Objective(Metric.ITL, 0.05, "p99")], window_s=86400
+        [Objective(Metric.TTFT, 0.5), Objective(Metric.ITL, 0.05, "p99"), Objective(Metric.ITL, 1)],
+        window_s=86400,
     )
     engine.set_slos([new])
     engine.ingest(RecordBatch.from_records([make_record("b", (T0 + 2) * US, ttft_us=300_000)]))
     clock.now = T0 + 3
     stats = engine.query("s1", "1m")
-    assert (stats.requests, stats.good) == (2, 1)  # "a" stays bad: judged under the old spec
-    assert stats.violations == {"ttft": 1, "itl_p99": 0}
+    assert (stats.requests, stats.good) == (3, 2)  # "a" stays bad: judged under the old spec
+    assert stats.violations == {"ttft": 1, "itl_p99": 0, "itl": 0}
+    # The kept key keeps its unmeasured count ("s"). A new key counts from the change, as
+    # its violations do: earlier requests were judged without it (measured, not violated).
+    assert stats.measured == {"ttft": 3, "itl_p99": 3, "itl": 2}
+    assert stats.measured_ratio == {"ttft": 1.0, "itl_p99": 1.0, "itl": 2 / 3}
     assert engine.query("s1", "compliance").window_s == 86400
     assert engine.slos == [new]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from controlplane.goodput import GoodputEngine, MinuteRollup, SpecError, rollup_sketches
-from exporters.records import RecordBatch, Status
+from exporters.records import RecordBatch, Status, TokenDetail
 from exporters.slo import Metric, Objective
 from tests.unit.controlplane.goodput.fixtures import T0, FakeClock, make_record, make_spec
 
@@ -35,6 +35,8 @@ def test_complete_minutes_are_emitted_once_with_their_counts() -> None:
                 make_record("b", (T0 + 20) * US, ttft_us=300_000, gaps_us=[50_000]),
                 make_record("c", (T0 + 25) * US, status=Status.ABORTED),
                 make_record("d", (T0 + 29) * US, ttft_us=-1, status=Status.REJECTED),
+                # A stat-logger record: no gaps carried, so its ITL p99 is not measured.
+                make_record("e", (T0 + 27) * US, gaps_us=[40_000], detail=TokenDetail.SUMMARY),
             ]
         )
     )
@@ -43,22 +45,23 @@ def test_complete_minutes_are_emitted_once_with_their_counts() -> None:
     assert rollup == MinuteRollup(
         slo_id="s1",
         minute_start=minute(0),
-        requests=2,
-        good=1,
+        requests=3,
+        good=2,
         errors=0,
         aborted=1,
         rejected=1,
-        output_tokens=3 + 2 + 3,
-        good_output_tokens=3,
+        output_tokens=3 + 2 + 3 + 2,
+        good_output_tokens=3 + 2,
         violations={"ttft": 1, "itl_p99": 1},
         sketch_blob=rollup.sketch_blob,
+        unmeasured={"ttft": 0, "itl_p99": 1},
     )
     sketches = rollup_sketches(rollup.sketch_blob)
     assert {name: s.count for name, s in sketches.items()} == {
-        "ttft": 2,
-        "tpot": 2,
+        "ttft": 3,
+        "tpot": 3,
         "itl": 3,
-        "e2el": 2,
+        "e2el": 3,
     }
     assert sketches["ttft"].quantile(1.0) == pytest.approx(0.3, rel=0.01)
     assert engine.rollups(T0 + 600) == []
@@ -98,6 +101,7 @@ def test_loading_rollups_restores_the_long_window_statistics() -> None:
                 ttft_us=int(rng.integers(10_000, 400_000)),
                 gaps_us=rng.integers(1_000, 60_000, size=int(rng.integers(0, 8))).tolist(),
                 status=Status.OK if rng.random() < 0.9 else Status.ERROR,
+                detail=TokenDetail.SUMMARY if rng.random() < 0.3 else TokenDetail.FULL,
             )
             for i in range(int(rng.integers(0, 6)))
         ]
@@ -106,6 +110,7 @@ def test_loading_rollups_restores_the_long_window_statistics() -> None:
     clock.now = T0 + 150 * 60 + 59.5  # every window below starts on a minute boundary
     rollups += before.rollups(clock.now)
     assert len(rollups) > 100
+    assert sum(r.unmeasured["itl_p99"] for r in rollups) > 0
     assert before.health().rollups_without_sketches == 0
 
     after = GoodputEngine(clock=clock)
