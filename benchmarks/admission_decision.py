@@ -37,10 +37,11 @@ from exporters.admission import (  # noqa: E402
     ClassPolicy,
     SLOAdmission,
 )
+from exporters.fleet import PoolRole  # noqa: E402
 from serving.gateway.admission import AdmissionHook, AllowAll, RequestInfo  # noqa: E402
 from serving.gateway.admission_load import LoadTracker  # noqa: E402
 from serving.gateway.admission_policy import PolicyAdmission  # noqa: E402
-from serving.gateway.routing import InstanceState, PoolRole  # noqa: E402
+from serving.gateway.routing import InstanceState  # noqa: E402
 from serving.traces import TraceError, load_trace  # noqa: E402
 
 TENANTS = [f"tenant-{k}" for k in range(8)]

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState  # noqa: E402
+from controlplane.models import FleetKind, FleetMember, FleetState, PoolRole  # noqa: E402
 from controlplane.planner_snapshot import build_snapshot  # noqa: E402
 from controlplane.policies.dynamo import (  # noqa: E402
     DynamoConfig,
@@ -56,7 +56,7 @@ SLO = SLOTargets(ttft_s=0.5, itl_s=0.05)
 def fleet(n: int, now: datetime, rng: np.random.Generator) -> list[FleetMember]:
     members = []
     for k in range(n):
-        role = FleetRole.PREFILL if k < n // 3 else FleetRole.DECODE
+        role = PoolRole.PREFILL if k < n // 3 else PoolRole.DECODE
         state = FleetState.DRAINING if k % 97 == 0 else FleetState.READY
         stale = k % 211 == 0
         members.append(
@@ -91,7 +91,7 @@ def main() -> None:
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     members = fleet(args.instances, now, rng)
     pinned = [m.id for m in members[::50]]
-    moving = {m.id: FleetRole.PREFILL for m in members[-20:-10]}
+    moving = {m.id: PoolRole.PREFILL for m in members[-20:-10]}
     last_change = {m.id: now - timedelta(seconds=30) for m in members[::7]}
     config = PlannerConfig(min_dwell_s=60.0, max_moves_per_tick=4)
     dynamo = DynamoConfig(ttft_s=SLO.ttft_s, itl_s=SLO.itl_s, interval_s=1e-9)

@@ -28,7 +28,7 @@ from datetime import datetime
 from fastapi import FastAPI
 
 from controlplane.ingest.ingestor import Ingestor
-from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.models import FleetKind, FleetMember, FleetState, PoolRole
 from controlplane.policies.learning import AdmissionLearner, LearnedParams
 from controlplane.services.fleet import is_stale
 from exporters.records import RecordBatch
@@ -47,7 +47,7 @@ def count_decode_instances(
         m
         for m in members
         if m.kind == FleetKind.WORKER
-        and m.role != FleetRole.PREFILL
+        and m.role != PoolRole.PREFILL
         and m.state not in _STOPPED
         and not is_stale(m, now=now, timeout_s=timeout_s)
     ]

@@ -55,7 +55,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.errors import describe_error
 from controlplane.learner_runtime import SharedLearner, count_decode_instances, shared_learner
 from controlplane.live import LiveGoodput
-from controlplane.models import FleetKind, FleetMember, FleetRole, MoveState, RoleMove
+from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.planner_snapshot import build_snapshot
 from controlplane.policies.planner import (
     Plan,
@@ -195,7 +195,7 @@ class PlannerRuntime:
                 row = await automation.start_move(
                     session,
                     members[move.instance_id],
-                    FleetRole(move.to_role.value),
+                    move.to_role,
                     mode=move.mode,
                     evidence=evidence,
                     predicted=dict(move.predicted),
@@ -283,7 +283,7 @@ class PlannerRuntime:
         members: list[FleetMember],
         *,
         pins: list[str],
-        moving: Mapping[str, FleetRole],
+        moving: Mapping[str, PoolRole],
         last_change: Mapping[str, datetime],
         slo: SLOTargets,
         now: datetime,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.models import FleetKind, FleetMember, FleetState
 from controlplane.policies.planner import (
     Demand,
     InstanceLoad,
@@ -19,11 +19,9 @@ from controlplane.policies.planner import (
     ServiceModel,
     SLOTargets,
 )
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 
 __all__ = ["build_snapshot"]
-
-_ROLES = {FleetRole.PREFILL: Role.PREFILL, FleetRole.DECODE: Role.DECODE, FleetRole.BOTH: Role.BOTH}
 
 
 def _number(load: Mapping[str, Any], key: str) -> float | None:
@@ -42,7 +40,7 @@ def build_snapshot(
     now: datetime,
     stale_after_s: float,
     pinned: Iterable[str],
-    moving: Mapping[str, FleetRole],
+    moving: Mapping[str, PoolRole],
     last_change: Mapping[str, datetime],
     demand: Demand,
     model: ServiceModel,
@@ -76,13 +74,13 @@ def build_snapshot(
         instances.append(
             InstanceLoad(
                 id=member_id,
-                role=_ROLES[role],
+                role=role,
                 prefill_queue_tokens=queued,
-                decode_streams=int(running) if role is not FleetRole.PREFILL else 0,
+                decode_streams=int(running) if role is not PoolRole.PREFILL else 0,
                 decode_context_tokens=held if held is not None else running * context,
                 prefill_tokens_per_s=_number(load, "prefill_tokens_per_s") or None,
                 draining=state in drained or target is not None,
-                moving_to=None if target is None else _ROLES[target],
+                moving_to=target,
                 pinned=member_id in pins,
                 last_role_change_s=-math.inf if changed is None else changed.timestamp(),
                 live_switch=load.get("kv_both", True) is not False,

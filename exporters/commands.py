@@ -45,6 +45,7 @@ from exporters._wire_fields import (
     check_v,
 )
 from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
+from exporters.fleet import PoolRole
 
 __all__ = [
     "COMMAND_VERSION",
@@ -57,10 +58,10 @@ __all__ = [
     "CommandError",
     "CommandKind",
     "Pool",
-    "Role",
     "SLOAdmission",
     "command_from_json",
     "command_to_json",
+    "pending_commands_from_json",
 ]
 
 MAX_DETAIL_CHARS = 4096
@@ -72,12 +73,6 @@ class CommandKind(StrEnum):
     SET_POOL_MEMBERSHIP = "set_pool_membership"  # to a gateway: the instances of a pool
     DRAIN = "drain"  # to a worker or gateway: finish in-flight work, take no new requests
     RESUME = "resume"  # undo DRAIN
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
 
 
 class Pool(StrEnum):
@@ -92,7 +87,7 @@ def _payload(kind: CommandKind, payload: Any) -> Mapping[str, Any]:
     payload = dict(payload)
     if kind is CommandKind.SET_ROLE:
         payload = check_fields(payload, "payload", ("role",))
-        result: dict[str, Any] = {"role": check_enum(payload["role"], "payload.role", Role)}
+        result: dict[str, Any] = {"role": check_enum(payload["role"], "payload.role", PoolRole)}
     elif kind is CommandKind.SET_POOL_MEMBERSHIP:
         payload = check_fields(payload, "payload", ("pool", "instances"))
         instances = payload["instances"]
@@ -125,7 +120,7 @@ def _payload(kind: CommandKind, payload: Any) -> Mapping[str, Any]:
 class Command:
     """One instruction to one target (a gateway id or a worker endpoint).
 
-    ``payload`` per kind: ``SET_ROLE`` ``{"role": Role}``; ``SET_POOL_MEMBERSHIP``
+    ``payload`` per kind: ``SET_ROLE`` ``{"role": PoolRole}``; ``SET_POOL_MEMBERSHIP``
     ``{"pool": Pool, "instances": (endpoint, ...)}``; ``SET_ADMISSION_POLICY``
     ``{"policy": AdmissionPolicy.to_json()}`` (an :class:`AdmissionPolicy` is accepted and
     converted); ``DRAIN`` and ``RESUME`` ``{}``. Construction validates everything and stores
@@ -260,3 +255,20 @@ class CommandAck:
     def from_json(cls, obj: Any) -> CommandAck:
         obj = check_fields(check_v(obj, "ack"), "ack", ACK_FIELDS, top_level=True)
         return cls(obj["command_id"], obj["target"], obj["ok"], obj["detail"], obj["acked_time_ns"])
+
+
+def pending_commands_from_json(obj: Any) -> tuple[list[Command], list[CommandError]]:
+    """The commands of a poll's answer (``GET /api/v1/fleet/{id}/commands``:
+    ``{"data": [command, ...], "count": n}``), and one :class:`CommandError` per item that
+    breaks the contract (without a valid id there is nothing to acknowledge: the control
+    plane expires it). Raises :class:`CommandError` when the answer itself is malformed."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+        raise CommandError("data", f"expected an object with a list under 'data', got {obj!r:.80}")
+    commands: list[Command] = []
+    errors: list[CommandError] = []
+    for item in obj["data"]:
+        try:
+            commands.append(command_from_json(item))
+        except CommandError as exc:
+            errors.append(exc)
+    return commands, errors

@@ -14,9 +14,9 @@ from controlplane.models.console_session import ConsoleSession
 from controlplane.models.enums import (
     CommandState,
     FleetKind,
-    FleetRole,
     FleetState,
     MoveState,
+    PoolRole,
     Role,
     SLOVantage,
 )
@@ -26,9 +26,9 @@ from controlplane.models.slo import SLO, SLOVersion
 
 __all__ = [
     "SCHEMA_REVISION",
-    "AgentBinding",
     "SLO",
     "APIKey",
+    "AgentBinding",
     "AuditLog",
     "Automation",
     "Base",
@@ -37,10 +37,10 @@ __all__ = [
     "ConsoleSession",
     "FleetKind",
     "FleetMember",
-    "FleetRole",
     "FleetState",
     "GoodputRollup",
     "MoveState",
+    "PoolRole",
     "Role",
     "RoleMove",
     "RolePin",

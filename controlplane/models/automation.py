@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from controlplane.db import Base, UTCDateTime, UUIDString, utcnow
-from controlplane.models.enums import FleetRole, MoveState, enum_type
+from controlplane.models.enums import MoveState, PoolRole, enum_type
 from controlplane.models.types import JSONDoc
 
 __all__ = ["Automation", "RoleMove", "RolePin"]
@@ -38,7 +38,7 @@ class RolePin(Base):
     member_id: Mapped[str] = mapped_column(
         sa.String(128), sa.ForeignKey("fleet_member.id", ondelete="CASCADE"), primary_key=True
     )
-    role: Mapped[FleetRole] = mapped_column(enum_type(FleetRole, "role"))
+    role: Mapped[PoolRole] = mapped_column(enum_type(PoolRole, "role"))
     reason: Mapped[str] = mapped_column(sa.Text, default="")
     actor: Mapped[str] = mapped_column(sa.String(300))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -57,8 +57,8 @@ class RoleMove(Base):
     member_id: Mapped[str] = mapped_column(
         sa.String(128), sa.ForeignKey("fleet_member.id", ondelete="CASCADE"), index=True
     )
-    from_role: Mapped[FleetRole] = mapped_column(enum_type(FleetRole, "from_role"))
-    to_role: Mapped[FleetRole] = mapped_column(enum_type(FleetRole, "to_role"))
+    from_role: Mapped[PoolRole] = mapped_column(enum_type(PoolRole, "from_role"))
+    to_role: Mapped[PoolRole] = mapped_column(enum_type(PoolRole, "to_role"))
     mode: Mapped[str] = mapped_column(sa.String(16))
     source: Mapped[str] = mapped_column(sa.String(300))
     state: Mapped[MoveState] = mapped_column(enum_type(MoveState, "state"))

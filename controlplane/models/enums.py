@@ -1,4 +1,8 @@
-"""The closed vocabularies stored in the registry (as strings, checked by the database)."""
+"""The closed vocabularies stored in the registry (as strings, checked by the database).
+
+The fleet's (``FleetKind``, ``PoolRole``, ``FleetState``) are the contract's, defined in
+:mod:`exporters.fleet`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from exporters.fleet import FleetKind, FleetState, PoolRole
+
 __all__ = [
     "CommandState",
     "FleetKind",
-    "FleetRole",
     "FleetState",
     "MoveState",
+    "PoolRole",
     "Role",
     "SLOVantage",
     "enum_type",
@@ -34,27 +40,6 @@ class SLOVantage(StrEnum):
 
     GATEWAY = "gateway"
     ENGINE = "engine"
-
-
-class FleetKind(StrEnum):
-    GATEWAY = "gateway"
-    WORKER = "worker"
-
-
-class FleetRole(StrEnum):
-    """Which pool a worker serves (a gateway reports ``both``)."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
-
-
-class FleetState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    DRAINED = "drained"
-    DOWN = "down"
 
 
 class CommandState(StrEnum):

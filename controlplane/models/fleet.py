@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from controlplane.db import Base, UTCDateTime, UUIDString, utcnow
-from controlplane.models.enums import CommandState, FleetKind, FleetRole, FleetState, enum_type
+from controlplane.models.enums import CommandState, FleetKind, FleetState, PoolRole, enum_type
 from controlplane.models.types import JSONDoc
 
 __all__ = ["Command", "FleetMember"]
@@ -26,7 +26,7 @@ class FleetMember(Base):
     kind: Mapped[FleetKind] = mapped_column(enum_type(FleetKind, "kind"))
     endpoint: Mapped[str] = mapped_column(sa.String(500))
     model: Mapped[str] = mapped_column(sa.String(200), default="")
-    role: Mapped[FleetRole] = mapped_column(enum_type(FleetRole, "role"), default=FleetRole.BOTH)
+    role: Mapped[PoolRole] = mapped_column(enum_type(PoolRole, "role"), default=PoolRole.BOTH)
     state: Mapped[FleetState] = mapped_column(
         enum_type(FleetState, "state"), default=FleetState.STARTING
     )

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane.policies.planner import InstanceLoad, ServiceModel
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -233,26 +233,26 @@ class DynamoPlanner:
 
     def plan(
         self, now_s: float, instances: Sequence[InstanceLoad], obs: DynamoObservation
-    ) -> dict[str, Role]:
+    ) -> dict[str, PoolRole]:
         """``{instance id: new role}`` when an interval has passed, else ``{}``."""
         if not self.due(now_s):
             return {}
         self._next_s = now_s + self.config.interval_s
         if obs.num_requests <= 0:
             return {}
-        fixed = [i for i in instances if i.pinned or i.draining or i.role is Role.BOTH]
-        movable = [i for i in instances if not (i.pinned or i.draining or i.role is Role.BOTH)]
+        fixed = [i for i in instances if i.pinned or i.draining or i.role is PoolRole.BOTH]
+        movable = [i for i in instances if not (i.pinned or i.draining or i.role is PoolRole.BOTH)]
         decision = dynamo_split(obs, self.profile, self.config, num_instances=len(instances))
         self.last = decision
-        fixed_p = sum(1 for i in fixed if (i.moving_to or i.role) is Role.PREFILL)
+        fixed_p = sum(1 for i in fixed if (i.moving_to or i.role) is PoolRole.PREFILL)
         want_p = max(0, min(len(movable), decision.num_prefill - fixed_p))
-        prefill = [i for i in movable if i.role is Role.PREFILL]
-        decode = [i for i in movable if i.role is Role.DECODE]
+        prefill = [i for i in movable if i.role is PoolRole.PREFILL]
+        decode = [i for i in movable if i.role is PoolRole.DECODE]
         shift = want_p - len(prefill)
         if shift > 0:
             chosen = sorted(decode, key=lambda i: (i.decode_streams, i.decode_context_tokens, i.id))
-            return {i.id: Role.PREFILL for i in chosen[:shift]}
+            return {i.id: PoolRole.PREFILL for i in chosen[:shift]}
         if shift < 0:
             chosen = sorted(prefill, key=lambda i: (i.prefill_queue_tokens, i.id))
-            return {i.id: Role.DECODE for i in chosen[:-shift]}
+            return {i.id: PoolRole.DECODE for i in chosen[:-shift]}
         return {}

@@ -85,7 +85,7 @@ from controlplane.policies.planner_model import (
     service_model,
     ttft_correction,
 )
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 
 __all__ = [
     "Demand",
@@ -120,13 +120,13 @@ class InstanceLoad:
     """
 
     id: str
-    role: Role
+    role: PoolRole
     prefill_queue_tokens: float = 0.0
     decode_streams: int = 0
     decode_context_tokens: float = 0.0
     prefill_tokens_per_s: float | None = None
     draining: bool = False
-    moving_to: Role | None = None
+    moving_to: PoolRole | None = None
     pinned: bool = False
     last_role_change_s: float = -math.inf
     live_switch: bool = True
@@ -202,8 +202,8 @@ class Move:
     ``"restart"`` (the worker restarts with the new role between drain and resume)."""
 
     instance_id: str
-    from_role: Role
-    to_role: Role
+    from_role: PoolRole
+    to_role: PoolRole
     mode: str
     evidence: Mapping[str, Any]
     predicted: Mapping[str, Any]
@@ -221,7 +221,7 @@ class Plan:
     reason: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
-    def roles(self) -> dict[str, Role]:
+    def roles(self) -> dict[str, PoolRole]:
         """``{instance id: new role}`` for the simulator's seam."""
         return {move.instance_id: move.to_role for move in self.moves}
 
@@ -234,9 +234,9 @@ def _pool_counts(instances: Sequence[InstanceLoad]) -> tuple[float, float]:
         role = inst.moving_to if inst.moving_to is not None else inst.role
         if inst.draining and inst.moving_to is None:
             continue
-        if role is Role.PREFILL:
+        if role is PoolRole.PREFILL:
             num_p += 1.0
-        elif role is Role.DECODE:
+        elif role is PoolRole.DECODE:
             num_d += 1.0
         else:
             num_p += 0.5
@@ -253,7 +253,7 @@ def _eligible(inst: InstanceLoad, now_s: float, config: PlannerConfig) -> bool:
         not inst.pinned
         and not inst.draining
         and inst.moving_to is None
-        and inst.role is not Role.BOTH
+        and inst.role is not PoolRole.BOTH
         and now_s - inst.last_role_change_s >= config.min_dwell_s
     )
 
@@ -269,13 +269,13 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
     instances = snapshot.instances
     now = snapshot.now_s
     cur_p, cur_d = _pool_counts(instances)
-    by_role: dict[Role, list[InstanceLoad]] = {Role.PREFILL: [], Role.DECODE: []}
+    by_role: dict[PoolRole, list[InstanceLoad]] = {PoolRole.PREFILL: [], PoolRole.DECODE: []}
     for inst in instances:
         if _eligible(inst, now, config):
             by_role[inst.role].append(inst)
     counted = [i for i in instances if not (i.draining and i.moving_to is None)]
-    prefill_side = [i for i in counted if (i.moving_to or i.role) is Role.PREFILL]
-    decode_side = [i for i in counted if (i.moving_to or i.role) is Role.DECODE]
+    prefill_side = [i for i in counted if (i.moving_to or i.role) is PoolRole.PREFILL]
+    decode_side = [i for i in counted if (i.moving_to or i.role) is PoolRole.DECODE]
     queued = float(sum(i.prefill_queue_tokens for i in prefill_side))
     streams = float(sum(i.decode_streams for i in decode_side))
     context = float(sum(i.decode_context_tokens for i in decode_side))
@@ -290,8 +290,8 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         context_per_stream = 0.0
     rate = _mean_prefill_rate(instances, snapshot.model.prefill_tokens_per_s)
     # Candidate splits: every shift from -(movable prefill) to +(movable decode).
-    low = -min(len(by_role[Role.PREFILL]), max(math.floor(cur_p) - config.min_pool_size, 0))
-    high = min(len(by_role[Role.DECODE]), max(math.floor(cur_d) - config.min_pool_size, 0))
+    low = -min(len(by_role[PoolRole.PREFILL]), max(math.floor(cur_p) - config.min_pool_size, 0))
+    high = min(len(by_role[PoolRole.DECODE]), max(math.floor(cur_d) - config.min_pool_size, 0))
     shifts = np.arange(low, high + 1, dtype=np.int64)
     common = {
         "demand": demand,
@@ -330,7 +330,10 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
         "prefill_rate_tokens_per_s": rate,
         "ttft_correction": correction,
         "observed_ttft_attainment_ratio": snapshot.observed_ttft_attainment_ratio,
-        "movable": {"prefill": len(by_role[Role.PREFILL]), "decode": len(by_role[Role.DECODE])},
+        "movable": {
+            "prefill": len(by_role[PoolRole.PREFILL]),
+            "decode": len(by_role[PoolRole.DECODE]),
+        },
     }
     if demand.requests_per_s <= 0:
         return Plan(now, (), current, current, current, "no demand", evidence)
@@ -362,9 +365,9 @@ def plan(snapshot: PlannerSnapshot, config: PlannerConfig | None = None) -> Plan
     if gain <= margin:
         reason = f"predicted gain {gain:.4g} {unit} within the margin {margin:.4g}: no move"
         return Plan(now, (), current, best, current, reason, evidence)
-    source = Role.DECODE if step > 0 else Role.PREFILL
-    destination = Role.PREFILL if step > 0 else Role.DECODE
-    if source is Role.PREFILL:
+    source = PoolRole.DECODE if step > 0 else PoolRole.PREFILL
+    destination = PoolRole.PREFILL if step > 0 else PoolRole.DECODE
+    if source is PoolRole.PREFILL:
         key = lambda i: (i.prefill_queue_tokens, i.decode_streams, i.id)  # noqa: E731
     else:
         key = lambda i: (i.decode_streams, i.decode_context_tokens, i.id)  # noqa: E731

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.models.enums import FleetRole, MoveState
+from controlplane.models.enums import MoveState, PoolRole
 from controlplane.schemas.common import Text, WireModel
 from controlplane.schemas.fleet import MemberId
 
@@ -24,7 +24,8 @@ __all__ = [
     "TickPublic",
 ]
 
-PoolRole = Literal[FleetRole.PREFILL, FleetRole.DECODE]
+#: The roles a move can take a member to.
+MoveRole = Literal[PoolRole.PREFILL, PoolRole.DECODE]
 
 
 class PauseBody(WireModel):
@@ -36,7 +37,7 @@ class PauseBody(WireModel):
 class PinBody(WireModel):
     """The role the member keeps; the planner never moves a pinned member."""
 
-    role: FleetRole
+    role: PoolRole
     reason: Text = ""
 
 
@@ -46,7 +47,7 @@ class MoveCreate(WireModel):
 
     id: uuid.UUID | None = None
     member_id: MemberId
-    role: PoolRole
+    role: MoveRole
     reason: Text = ""
 
 
@@ -64,7 +65,7 @@ class PinPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     member_id: str
-    role: FleetRole
+    role: PoolRole
     reason: str
     actor: str
     created_at: datetime
@@ -78,8 +79,8 @@ class MovePublic(BaseModel):
 
     id: uuid.UUID
     member_id: str
-    from_role: FleetRole
-    to_role: FleetRole
+    from_role: PoolRole
+    to_role: PoolRole
     mode: str
     source: str
     state: MoveState

@@ -18,7 +18,7 @@ from controlplane.models.enums import CommandState
 from controlplane.schemas.common import WireModel
 from controlplane.schemas.fleet import MemberId
 from exporters.commands import MAX_DETAIL_CHARS, CommandKind, Pool
-from exporters.commands import Role as WorkerRole
+from exporters.fleet import PoolRole
 
 __all__ = [
     "MAX_TTL_S",
@@ -124,7 +124,7 @@ class SetAdmissionPolicyPayload(WireModel):
 
 
 class SetRolePayload(WireModel):
-    role: WorkerRole
+    role: PoolRole
 
 
 class SetPoolMembershipPayload(WireModel):

@@ -1,4 +1,8 @@
-"""Fleet wire models: what an agent registers and reports, and what viewers read."""
+"""Fleet wire models: what an agent registers and reports, and what viewers read.
+
+The contract is :mod:`exporters.fleet` (its messages and enums); these pydantic models
+validate the same fields at the API's edge, with the limits the registry stores.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from controlplane.models.enums import FleetKind, FleetRole, FleetState
 from controlplane.schemas.common import WireModel
+from exporters.fleet import FleetKind, FleetState, PoolRole
 
 __all__ = [
     "ENDPOINT_PATTERN",
@@ -79,7 +83,7 @@ class FleetRegister(WireModel):
     kind: FleetKind
     endpoint: Endpoint
     model: Annotated[str, Field(max_length=200, pattern=r"^[^\x00]*$")] = ""
-    role: FleetRole = FleetRole.BOTH
+    role: PoolRole = PoolRole.BOTH
     state: FleetState = FleetState.STARTING
     load: Load = Field(default_factory=dict)
 
@@ -100,7 +104,7 @@ class FleetMemberPublic(BaseModel):
     kind: FleetKind
     endpoint: str
     model: str
-    role: FleetRole
+    role: PoolRole
     state: FleetState
     last_heartbeat_at: datetime | None
     load: dict[str, Any]

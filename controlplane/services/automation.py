@@ -31,9 +31,9 @@ from controlplane.models import (
     Command,
     CommandState,
     FleetMember,
-    FleetRole,
     FleetState,
     MoveState,
+    PoolRole,
     RoleMove,
     RolePin,
 )
@@ -125,7 +125,7 @@ def _pin_json(pin_row: RolePin) -> dict[str, Any]:
 async def pin(
     session: AsyncSession,
     member_id: str,
-    role: FleetRole,
+    role: PoolRole,
     *,
     reason: str,
     actor: str,
@@ -191,7 +191,7 @@ def move_public(move: RoleMove, commands: list[Command]) -> MovePublic:
 async def start_move(
     session: AsyncSession,
     member: FleetMember,
-    to_role: FleetRole,
+    to_role: PoolRole,
     *,
     mode: str,
     evidence: dict[str, Any],

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.errors import NotFoundError
-from controlplane.models import FleetKind, FleetMember, FleetRole, FleetState
+from controlplane.models import FleetKind, FleetMember, FleetState, PoolRole
 from controlplane.schemas.fleet import FleetHeartbeat, FleetMemberPublic, FleetRegister
 from controlplane.services import audit
 
@@ -117,7 +117,7 @@ async def heartbeat(
 class FleetFilter:
     kind: FleetKind | None = None
     model: str | None = None
-    role: FleetRole | None = None
+    role: PoolRole | None = None
     state: FleetState | None = None
 
 

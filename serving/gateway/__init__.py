@@ -7,13 +7,13 @@ from the command line and the control plane's fleet registry (``pool``, ``contro
 See docs/gateway.md.
 """
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, AdmissionHook, AllowAll, Decision, RequestInfo
 from serving.gateway.config import GatewayConfig, GatewayConfigError
 from serving.gateway.pool import InstancePool, StaticInstance
 from serving.gateway.routing import (
     InstanceState,
     NoInstanceError,
-    PoolRole,
     RouteDecision,
     RouteRequest,
     affinity_key,

@@ -21,11 +21,11 @@ tracker kept in step. The simulator's adapter feeds a tracker directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
+from exporters.fleet import FleetMember, PoolRole
 from serving.gateway.pool import InstancePool, StaticInstance
-from serving.gateway.routing import InstanceState, PoolRole
+from serving.gateway.routing import InstanceState
 
 __all__ = ["LoadTracker", "TrackedPool"]
 
@@ -121,6 +121,6 @@ class TrackedPool(InstancePool):
         super().add_load(instance_id, prefill_tokens=prefill_tokens, decode_streams=decode_streams)
         self.tracker.add(instance_id, prefill_tokens, decode_streams)
 
-    def apply_fleet(self, members: Iterable[Mapping[str, Any]]) -> None:
+    def apply_fleet(self, members: Iterable[FleetMember]) -> None:
         super().apply_fleet(members)
         self.tracker.sync(self.states())

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporters.fleet import PoolRole
 from serving.gateway.pool import StaticInstance
-from serving.gateway.routing import PoolRole
 
 __all__ = ["GatewayConfig", "GatewayConfigError"]
 

@@ -13,9 +13,10 @@ forgot the gateway, so it registers again). Every call has a timeout; a failure 
 and logged once until the control plane answers again, and the pool keeps what it last
 knew, so serving goes on while the control plane is down.
 
-With the agent key it also polls its commands every ``command_poll_s``
-(``GET /api/v1/fleet/{id}/commands``) and acknowledges each delivery
-(``POST .../commands/{command_id}/ack``, ``exporters.commands.CommandAck``). It applies
+The messages are the fleet contract's (:mod:`exporters.fleet`: ``FleetPage``,
+``FleetRegister``, ``FleetHeartbeat``). With the agent key it also polls its commands every
+``command_poll_s`` (:func:`exporters.commands.pending_commands_from_json`) and acknowledges
+each delivery (``exporters.commands.CommandAck``). It applies
 ``set_admission_policy`` to the admission hook (:meth:`PolicyAdmission.apply
 <serving.gateway.admission_policy.PolicyAdmission.apply>`); the rules of the contract hold:
 an id is applied at most once (a redelivery gets the first answer again), a command for
@@ -42,7 +43,17 @@ from exporters.commands import (
     CommandAck,
     CommandError,
     CommandKind,
-    command_from_json,
+    pending_commands_from_json,
+)
+from exporters.fleet import (
+    FLEET_PATH,
+    FleetHeartbeat,
+    FleetKind,
+    FleetMember,
+    FleetPage,
+    FleetRegister,
+    FleetState,
+    PoolRole,
 )
 from exporters.sinks import InMemorySink, RecordSink
 
@@ -135,20 +146,24 @@ class ControlPlaneLink:
         """One fleet read into the pool; ``False`` (counted, pool unchanged) on failure."""
         key = self.config.viewer_key or self.config.agent_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        members: list[dict[str, Any]] = []
+        members: list[FleetMember] = []
+        offset = 0
         try:
             while True:
                 response = await self._client.get(
-                    "/api/v1/fleet",
-                    params={"kind": "worker", "limit": FLEET_PAGE, "offset": len(members)},
+                    FLEET_PATH,
+                    params={"kind": "worker", "limit": FLEET_PAGE, "offset": offset},
                     headers=headers,
                 )
                 response.raise_for_status()
-                page = response.json()
-                members.extend(page["data"])
-                if not page["data"] or len(members) >= int(page["count"]):
+                page = FleetPage.from_json(response.json())
+                for error in page.invalid:
+                    logger.warning("ignoring a fleet member that breaks the contract: %s", error)
+                members.extend(page.data)
+                offset += page.size
+                if not page.size or offset >= page.count:
                     break
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # FleetError is a ValueError
             self.gateway.metrics.fleet_failures.inc()
             self._failed(
                 "fleet",
@@ -169,24 +184,23 @@ class ControlPlaneLink:
         try:
             if self._registered:
                 response = await self._client.post(
-                    f"/api/v1/fleet/{config.gateway_id}/heartbeat",
-                    json={"state": "ready", "load": load},
+                    f"{FLEET_PATH}/{config.gateway_id}/heartbeat",
+                    json=FleetHeartbeat(state=FleetState.READY, load=load).to_json(),
                     headers=headers,
                 )
                 if response.status_code == 404:
                     self._registered = False
             if not self._registered:
+                register = FleetRegister(
+                    id=config.gateway_id,
+                    kind=FleetKind.GATEWAY,
+                    endpoint=f"http://{config.host}:{config.port}",
+                    role=PoolRole.BOTH,
+                    state=FleetState.READY,
+                    load=load,
+                )
                 response = await self._client.post(
-                    "/api/v1/fleet/register",
-                    json={
-                        "id": config.gateway_id,
-                        "kind": "gateway",
-                        "endpoint": f"http://{config.host}:{config.port}",
-                        "role": "both",
-                        "state": "ready",
-                        "load": load,
-                    },
-                    headers=headers,
+                    f"{FLEET_PATH}/register", json=register.to_json(), headers=headers
                 )
             response.raise_for_status()
         except httpx.HTTPError as exc:
@@ -202,26 +216,19 @@ class ControlPlaneLink:
         handled (0 on failure, counted and logged once)."""
         config = self.config
         headers = {"Authorization": f"Bearer {config.agent_key}"}
-        path = f"/api/v1/fleet/{config.gateway_id}/commands"
+        path = f"{FLEET_PATH}/{config.gateway_id}/commands"
         try:
             response = await self._client.get(path, headers=headers)
             response.raise_for_status()
-            items = response.json()["data"]
-            if not isinstance(items, list):
-                raise TypeError(f"data must be a list, got {type(items).__name__}")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            commands, malformed = pending_commands_from_json(response.json())
+        except (httpx.HTTPError, ValueError) as exc:  # CommandError is a ValueError
             self._failed("commands", f"polling commands failed ({exc!r}); retrying")
             return 0
         self._recovered("commands", "polling commands works again")
+        for error in malformed:  # without a valid id there is nothing to acknowledge
+            logger.warning("ignoring a command that breaks the contract: %s", error)
         handled = 0
-        for item in items:
-            try:
-                command = command_from_json(item)
-            except CommandError as exc:
-                # Without a valid id there is nothing to acknowledge; the control plane
-                # expires it.
-                logger.warning("ignoring a command that breaks the contract: %s", exc)
-                continue
+        for command in commands:
             ack = self.handle(command)
             try:
                 answer = await self._client.post(

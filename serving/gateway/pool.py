@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 
-from serving.gateway.routing import InstanceState, PoolRole
+from exporters.fleet import FleetKind, FleetMember, FleetState, PoolRole
+from serving.gateway.routing import InstanceState
 
 __all__ = ["InstancePool", "StaticInstance"]
 
-_STOPPED = frozenset({"draining", "drained", "down"})
+_STOPPED = frozenset({FleetState.DRAINING, FleetState.DRAINED, FleetState.DOWN})
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ class InstancePool:
 
     # -- membership from the fleet registry --
 
-    def apply_fleet(self, members: Iterable[Mapping[str, Any]]) -> None:
-        """Apply one ``GET /api/v1/fleet`` answer (its ``data`` items, workers only).
+    def apply_fleet(self, members: Iterable[FleetMember]) -> None:
+        """Apply one read of the fleet registry (workers only).
 
         Members the answer no longer lists leave, unless static (those fall back to their
         command-line role and count as healthy). Load counters of members that stay are
@@ -141,21 +141,20 @@ class InstancePool:
         """
         seen: set[str] = set()
         for member in members:
-            if member.get("kind", "worker") != "worker":
+            if member.kind is not FleetKind.WORKER:
                 continue
             try:
-                url = _normal_url(str(member["endpoint"]))
-                role = PoolRole(str(member.get("role", "both")))
-            except (KeyError, ValueError):
-                logger.warning("ignoring fleet member with no usable endpoint/role: %r", member)
+                url = _normal_url(member.endpoint)
+            except ValueError:
+                logger.warning("ignoring fleet member with no usable endpoint: %r", member)
                 continue
-            state = member.get("state")
+            role = member.role
             seen.add(url)
             live = self._live.get(url)
             if live is not None and live.static_role is not None:
-                healthy = state not in _STOPPED
+                healthy = member.state not in _STOPPED
             else:
-                healthy = state == "ready" and not member.get("stale", False)
+                healthy = member.state is FleetState.READY and not member.stale
             if live is None:
                 state = InstanceState(id=url, url=url, role=role, healthy=healthy)
                 self._live[url] = _Live(state, None, in_fleet=True)

@@ -36,14 +36,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from exporters.fleet import PoolRole
 
 __all__ = [
     "AFFINITY_BLOCK_TOKENS",
     "AFFINITY_PREFIX_CHARS",
     "InstanceState",
     "NoInstanceError",
-    "PoolRole",
     "RouteDecision",
     "RouteRequest",
     "affinity_key",
@@ -56,14 +56,6 @@ AFFINITY_BLOCK_TOKENS = 128
 AFFINITY_PREFIX_CHARS = 512
 
 _Work = Callable[["InstanceState"], int]  # the work an instance has, in tokens
-
-
-class PoolRole(StrEnum):
-    """Which pool an instance serves (the fleet registry's roles)."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-    BOTH = "both"
 
 
 class NoInstanceError(LookupError):

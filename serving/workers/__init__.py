@@ -29,7 +29,6 @@ from serving.workers.launcher import ServerError, VllmServer
 from serving.workers.load import WorkerLoad, metric_sum, parse_load
 from serving.workers.supervisor import (
     SupervisorSettings,
-    WorkerState,
     WorkerStatus,
     WorkerSupervisor,
 )
@@ -54,7 +53,6 @@ __all__ = [
     "VllmServer",
     "VllmSpec",
     "WorkerLoad",
-    "WorkerState",
     "WorkerStatus",
     "WorkerSupervisor",
     "build_kv_transfer_config",

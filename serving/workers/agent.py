@@ -1,17 +1,16 @@
 """The worker's agent: registers with the control plane, beats, and runs its commands.
 
-Routes (``controlplane/api/routes/fleet.py``; the key needs role ``agent``):
+The client side of the fleet contract (:mod:`exporters.fleet`; the key needs role
+``agent``):
 
-* ``POST /api/v1/fleet/register`` — ``{id, kind: "worker", endpoint, model, role, state,
-  load}``; sent at start, after the control plane forgot us (a heartbeat's 404), and when
-  the role changes (the heartbeat carries no role);
-* ``POST /api/v1/fleet/{id}/heartbeat`` — ``{state, load}`` every ``heartbeat_interval_s``;
-* commands — the client side of the ``exporters.commands`` contract, against the control
-  plane's routes: ``GET /api/v1/fleet/{id}/commands``
-  answering ``{"data": [Command JSON, ...], "count": n}`` (pending commands for ``id``), and
-  ``POST /api/v1/fleet/{id}/commands/{command_id}/ack`` with ``CommandAck.to_json()``.
-  A 404/405 on the poll means the routes are absent: the agent says so once and asks again
-  every ``command_retry_s``.
+* :class:`~exporters.fleet.FleetRegister` (``kind`` worker) at start, after the control
+  plane forgot us (a heartbeat's 404), and when the role changes (the heartbeat carries no
+  role);
+* :class:`~exporters.fleet.FleetHeartbeat` every ``heartbeat_interval_s``;
+* commands (:mod:`exporters.commands`): the pending ones for ``member_id``
+  (:func:`~exporters.commands.pending_commands_from_json`), each acknowledged with its
+  :class:`~exporters.commands.CommandAck`. A 404/405 on the poll means the routes are
+  absent: the agent says so once and asks again every ``command_retry_s``.
 
 Failure: every call has a timeout; an unreachable or failing control plane is retried with
 capped exponential backoff, logged once when it starts failing and once when it is back.
@@ -34,19 +33,25 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
-from exporters.commands import CommandError, command_from_json
+from exporters.commands import CommandError, pending_commands_from_json
+from exporters.fleet import (
+    FLEET_PATH,
+    FleetHeartbeat,
+    FleetKind,
+    FleetRegister,
+    FleetState,
+    LoadValue,
+    PoolRole,
+)
 from serving.workers.backoff import RestartBackoff
 from serving.workers.commands import ApplyFn, CommandExecutor
 
 __all__ = ["FLEET_PATH", "Agent", "AgentReport", "AgentSettings", "AgentStats"]
 
 logger = logging.getLogger(__name__)
-
-FLEET_PATH = "/api/v1/fleet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +82,13 @@ class AgentSettings:
 class AgentReport:
     """What the worker reports: its pool ``role``, fleet ``state`` and flat ``load``."""
 
-    role: str
-    state: str
-    load: dict[str, Any]
+    role: PoolRole
+    state: FleetState
+    load: dict[str, LoadValue]
+
+    def __post_init__(self) -> None:  # their values are accepted too ("decode", "ready")
+        object.__setattr__(self, "role", PoolRole(self.role))
+        object.__setattr__(self, "state", FleetState(self.state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +128,7 @@ class Agent:
         self._backoff = RestartBackoff(settings.backoff_initial_s, settings.backoff_max_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._registered_role: str | None = None
+        self._registered_role: PoolRole | None = None
         self._failing = False
         self._commands_supported: bool | None = None
         self._next_command_check = 0.0
@@ -169,7 +178,7 @@ class Agent:
             elif not self._heartbeat(report):
                 self._register(self._report())  # forgotten: register again at once
             self._poll_commands()
-        except (httpx.HTTPError, _UnavailableError) as exc:
+        except (httpx.HTTPError, _UnavailableError, CommandError) as exc:
             return self._failed(exc)
         except Exception as exc:  # a bug must not stop the agent: log it, retry later
             logger.exception("agent step failed")
@@ -196,23 +205,23 @@ class Agent:
         return delay
 
     def _register(self, report: AgentReport) -> None:
-        body = {
-            "id": self.settings.member_id,
-            "kind": "worker",
-            "endpoint": self.settings.endpoint,
-            "model": self.settings.model,
-            "role": report.role,
-            "state": report.state,
-            "load": report.load,
-        }
-        _check(self._client.post(f"{FLEET_PATH}/register", json=body), "register")
+        body = FleetRegister(
+            id=self.settings.member_id,
+            kind=FleetKind.WORKER,
+            endpoint=self.settings.endpoint,
+            model=self.settings.model,
+            role=report.role,
+            state=report.state,
+            load=report.load,
+        )
+        _check(self._client.post(f"{FLEET_PATH}/register", json=body.to_json()), "register")
         self._registered_role = report.role
         self.num_registrations += 1
 
     def _heartbeat(self, report: AgentReport) -> bool:
         """Beat; ``False`` when the control plane no longer knows this member."""
-        body = {"state": report.state, "load": report.load}
-        response = self._client.post(f"{self.member_path}/heartbeat", json=body)
+        body = FleetHeartbeat(state=report.state, load=report.load)
+        response = self._client.post(f"{self.member_path}/heartbeat", json=body.to_json())
         if response.status_code == 404:
             self._registered_role = None
             return False
@@ -240,14 +249,10 @@ class Agent:
             return
         _check(response, "command poll")
         self._commands_supported = True
-        body = response.json()
-        items = body.get("data", []) if isinstance(body, dict) else body
-        for item in items if isinstance(items, list) else []:
-            try:
-                command = command_from_json(item)
-            except CommandError as exc:
-                logger.error("ignoring a malformed command from the control plane: %s", exc)
-                continue
+        commands, malformed = pending_commands_from_json(response.json())
+        for exc in malformed:
+            logger.error("ignoring a malformed command from the control plane: %s", exc)
+        for command in commands:
             ack = self.executor.handle(command)
             path = f"{self.member_path}/commands/{command.id}/ack"
             _check(self._client.post(path, json=ack.to_json()), "command ack")

@@ -23,7 +23,7 @@ from typing import Annotated
 
 import typer
 
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 from serving.workers.agent import AgentSettings
 from serving.workers.config import Device, SpecError, VllmSpec, build_launch
 from serving.workers.kv_folder import KVFolderPolicy
@@ -53,7 +53,9 @@ def worker(
         str, typer.Option(help="sim: instance keys of goodput sim --cluster, e.g. jitter=0")
     ] = "",
     seed: Annotated[int, typer.Option(help="sim: seed of the step-time jitter")] = 0,
-    role: Annotated[Role, typer.Option(help="the pool reported to the control plane")] = Role.BOTH,
+    role: Annotated[
+        PoolRole, typer.Option(help="the pool reported to the control plane")
+    ] = PoolRole.BOTH,
     host: Annotated[str, typer.Option(help="address the server binds")] = "127.0.0.1",
     device: Annotated[Device, typer.Option(help="cpu (ExampleConnector) or cuda (Nixl)")] = (
         Device.CPU
@@ -170,7 +172,7 @@ def worker(
 
 def _serve(
     spec: VllmSpec,
-    role: Role,
+    role: PoolRole,
     policy: KVFolderPolicy,
     agent: AgentSettings | None,
     run_dir: Path | None,

@@ -23,7 +23,7 @@ undoes it; ``set_role`` changes the reported pool. Instances run with ``kv_role`
 Example::
 
     worker = WorkerSupervisor(VllmSpec(model=model_dir, port=8100, cpu=0, kv_dir=kv_dir),
-                              run_dir=run_dir, role=Role.PREFILL)
+                              run_dir=run_dir, role=PoolRole.PREFILL)
     worker.start()
     worker.wait_ready(timeout_s=300)
     ...
@@ -37,13 +37,13 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from exporters.commands import CommandKind, Role
+from exporters.commands import CommandKind
+from exporters.fleet import FleetState, PoolRole
 from serving.workers.agent import Agent, AgentReport, AgentSettings
 from serving.workers.backoff import RestartBackoff
 from serving.workers.config import VllmSpec
@@ -54,7 +54,6 @@ from serving.workers.load import WorkerLoad, parse_load
 __all__ = [
     "ServerHandle",
     "SupervisorSettings",
-    "WorkerState",
     "WorkerStatus",
     "WorkerSupervisor",
 ]
@@ -64,16 +63,6 @@ logger = logging.getLogger(__name__)
 # A live writer touches its KV files every few milliseconds; one untouched this long after
 # its instance died is abandoned.
 CRASH_KV_GRACE_S = 1.0
-
-
-class WorkerState(StrEnum):
-    """The fleet states a worker reports (the control plane's ``FleetState`` values)."""
-
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    DRAINED = "drained"
-    DOWN = "down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +93,8 @@ class WorkerStatus:
     the first; ``pid`` is the current vLLM server's (``None`` while down)."""
 
     url: str
-    role: Role
-    state: WorkerState
+    role: PoolRole
+    state: FleetState
     pid: int | None
     num_restarts: int
     num_crashes: int
@@ -139,7 +128,7 @@ class WorkerSupervisor:
         spec: VllmSpec,
         *,
         run_dir: Path,
-        role: Role = Role.BOTH,
+        role: PoolRole = PoolRole.BOTH,
         settings: SupervisorSettings | None = None,
         agent: AgentSettings | None = None,
         kv_folder: KVFolder | None = None,
@@ -158,8 +147,8 @@ class WorkerSupervisor:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._role = Role(role)
-        self._state = WorkerState.STARTING
+        self._role = PoolRole(role)
+        self._state = FleetState.STARTING
         self._draining = False
         self._load = WorkerLoad()
         self._num_starts = 0
@@ -217,7 +206,7 @@ class WorkerSupervisor:
         """SIGKILL the vLLM server (a crash, for tests); the monitor restarts it."""
         with self._lock:
             self._ready.clear()
-            self._state = WorkerState.DOWN
+            self._state = FleetState.DOWN
             self.server.kill()
 
     def stop(self) -> None:
@@ -234,7 +223,7 @@ class WorkerSupervisor:
         status = self.status()
         load: dict[str, Any] = dict(status.load.as_report())
         load["num_restarts"] = status.num_restarts
-        return AgentReport(role=status.role.value, state=status.state.value, load=load)
+        return AgentReport(role=status.role, state=status.state, load=load)
 
     def apply_command(self, kind: CommandKind, payload: Mapping[str, Any]) -> str:
         """Apply ``drain``, ``resume`` or ``set_role``; the detail for the acknowledgement."""
@@ -248,7 +237,7 @@ class WorkerSupervisor:
                 self._refresh_state()
                 return f"resumed ({self._state})"
             if kind is CommandKind.SET_ROLE:
-                old, self._role = self._role, Role(payload["role"])
+                old, self._role = self._role, PoolRole(payload["role"])
                 return f"role {old} -> {self._role} (kv_both: no restart)"
         raise ValueError(f"kind {kind.value!r} is not a worker command")
 
@@ -262,7 +251,7 @@ class WorkerSupervisor:
         finally:
             self.server.stop(self.settings.stop_timeout_s)
             with self._lock:
-                self._state = WorkerState.DOWN
+                self._state = FleetState.DOWN
                 self._ready.clear()
 
     def _monitor(self) -> None:
@@ -312,7 +301,7 @@ class WorkerSupervisor:
 
     def _launch(self) -> None:
         with self._lock:
-            self._state = WorkerState.STARTING
+            self._state = FleetState.STARTING
             self._ready.clear()
             self.server.start()
             self._num_starts += 1
@@ -322,7 +311,7 @@ class WorkerSupervisor:
             self.server.kill()  # the engine core too, and a hung server
             self._last_exit = self.server.returncode
             self._num_crashes += 1
-            self._state = WorkerState.DOWN
+            self._state = FleetState.DOWN
             self._ready.clear()
             self._load = WorkerLoad()
         delay = self._backoff.failure()
@@ -342,9 +331,9 @@ class WorkerSupervisor:
         if not self._ready.is_set():
             return
         if not self._draining:
-            self._state = WorkerState.READY
+            self._state = FleetState.READY
         else:
-            self._state = WorkerState.DRAINED if self._load.idle else WorkerState.DRAINING
+            self._state = FleetState.DRAINED if self._load.idle else FleetState.DRAINING
 
     def _scrape_load(self) -> None:
         try:

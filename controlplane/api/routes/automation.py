@@ -15,7 +15,7 @@ from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
 from controlplane.errors import ConflictError, UnavailableError
-from controlplane.models import FleetRole, MoveState, RoleMove
+from controlplane.models import MoveState, PoolRole, RoleMove
 from controlplane.planner_runtime import PlannerRuntime
 from controlplane.schemas.automation import (
     AutomationPublic,
@@ -185,7 +185,7 @@ async def create_move(
     move = await service.start_move(
         session,
         member,
-        FleetRole(body.role.value),
+        PoolRole(body.role.value),
         mode="routing" if live_switch else "restart",
         evidence={
             "source": "manual",

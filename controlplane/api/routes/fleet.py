@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path
 from controlplane.api.deps import Agent, ClusterViewer, SessionDep, SettingsDep
 from controlplane.api.routes._params import FilterText, Limit, Offset
 from controlplane.db import utcnow
-from controlplane.models import FleetKind, FleetRole, FleetState
+from controlplane.models import FleetKind, FleetState, PoolRole
 from controlplane.schemas.common import responses
 from controlplane.schemas.fleet import (
     MEMBER_ID_PATTERN,
@@ -65,7 +65,7 @@ async def list_fleet(
     settings: SettingsDep,
     kind: FleetKind | None = None,
     model: FilterText | None = None,
-    role: FleetRole | None = None,
+    role: PoolRole | None = None,
     state: FleetState | None = None,
     limit: Limit = 50,
     offset: Offset = 0,

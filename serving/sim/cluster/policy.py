@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from controlplane.goodput.stats import GoodputStats
+from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 
 __all__ = [
     "ClusterSnapshot",

@@ -8,9 +8,9 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.goodput.stats import GoodputStats
+from exporters.fleet import PoolRole
 from exporters.records import RecordBatch
 from exporters.slo import Metric, Objective
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster.spec import ClusterSpec
 
 __all__ = ["SimOptions", "SimProgress", "SimResult", "TimeSeries"]

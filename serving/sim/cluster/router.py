@@ -24,12 +24,8 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from serving.gateway.routing import (
-    InstanceState,
-    PoolRole,
-    RouteRequest,
-    choose,
-)
+from exporters.fleet import PoolRole
+from serving.gateway.routing import InstanceState, RouteRequest, choose
 
 __all__ = ["DECODE_STREAM_TOKENS", "MAX_AFFINITY_KEYS", "Router"]
 

@@ -31,10 +31,11 @@ import numpy.typing as npt
 
 from controlplane.goodput.engine import GoodputEngine
 from controlplane.goodput.spec import SLOSpec
+from exporters.fleet import PoolRole
 from exporters.records import RecordBatch, Status
 from exporters.slo import Objective
 from serving.gateway.admission import RequestInfo
-from serving.gateway.routing import NoInstanceError, PoolRole
+from serving.gateway.routing import NoInstanceError
 from serving.sim.cluster.policy import (
     ClusterSnapshot,
     InstanceView,

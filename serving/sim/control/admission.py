@@ -35,11 +35,12 @@ import math
 from collections.abc import Mapping, Sequence
 
 from controlplane.policies.admission import AdmissionConfig, compute_policy, slo_key
+from exporters.fleet import PoolRole
 from exporters.slo import Objective
 from serving.gateway.admission import Decision, RequestInfo
 from serving.gateway.admission_load import LoadTracker
 from serving.gateway.admission_policy import PolicyAdmission
-from serving.gateway.routing import InstanceState, PoolRole
+from serving.gateway.routing import InstanceState
 from serving.sim.cluster.policy import ClusterSnapshot
 from serving.sim.cluster.simulator import slo_spec
 from serving.sim.control.profile import profile_params

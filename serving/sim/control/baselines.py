@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster.policy import ClusterSnapshot, InstanceView
 
 __all__ = [

@@ -52,10 +52,9 @@ from controlplane.policies.planner import (
 )
 from controlplane.policies.planner_demand import DemandWindow
 from controlplane.policies.targets import UNCONSTRAINED_S, slo_targets
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 from exporters.slo import Metric, Objective
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster.policy import ClusterSnapshot, SimPolicy
 from serving.sim.control.profile import DEFAULT_PROFILE, profile_params
 
@@ -94,7 +93,7 @@ def _instances(
     return [
         InstanceLoad(
             id=view.id,
-            role=Role(view.role.value),
+            role=view.role,
             prefill_queue_tokens=float(view.prefill_tokens),
             decode_streams=view.decode_streams,
             decode_context_tokens=view.decode_streams * context_per_stream,
@@ -160,7 +159,7 @@ class PlannerPolicy:
         for move in result.moves:
             self._changed[move.instance_id] = now
         self.num_moves += len(result.moves)
-        return {move.instance_id: PoolRole(move.to_role.value) for move in result.moves}
+        return result.roles()
 
     def _model(
         self, prior: ServiceModel, snapshot: ClusterSnapshot, context: float
@@ -245,7 +244,7 @@ class DynamoPolicy:
         context = isl + 0.5 * osl
         moves = planner.plan(now, _instances(snapshot, context, {}), obs)
         self.num_moves += len(moves)
-        return {k: PoolRole(v.value) for k, v in moves.items()}
+        return dict(moves)
 
 
 def _compare(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
 from serving.sim.instance import InstanceConfig
 from serving.sim.latency_model import LatencyModel, get_profile, profile_names
@@ -55,7 +55,7 @@ class SimWorkerSpec:
     profile: str = "h100-llama3.1-8b"
     port: int = 8100
     host: str = "127.0.0.1"
-    role: Role = Role.BOTH
+    role: PoolRole = PoolRole.BOTH
     sim_config: str = ""
     max_num_seqs: int | None = None
     max_model_len: int | None = None
@@ -190,7 +190,7 @@ def cli_main(
     profile: str,
     port: int,
     host: str,
-    role: Role,
+    role: PoolRole,
     sim_config: str,
     max_num_seqs: int | None,
     max_model_len: int | None,
@@ -213,7 +213,7 @@ def cli_main(
     import typer
 
     spec = SimWorkerSpec(
-        profile=profile, port=port, host=host, role=Role(role), sim_config=sim_config,
+        profile=profile, port=port, host=host, role=PoolRole(role), sim_config=sim_config,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         served_model_name=served_model_name, kv_dir=kv_dir.resolve() if kv_dir else None,
         seed=seed, control_plane=control_plane, ingest_key=ingest_key,

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from exporters.commands import CommandKind, Role
+from exporters.commands import CommandKind
+from exporters.fleet import FleetState, PoolRole
 from serving.sim.worker.engine import SimEngine
 from serving.workers.agent import AgentReport
-from serving.workers.supervisor import WorkerState
 
 __all__ = ["SimWorkerControl"]
 
@@ -25,28 +25,28 @@ __all__ = ["SimWorkerControl"]
 class SimWorkerControl:
     """Role and drain state of one sim worker (see the module docstring)."""
 
-    def __init__(self, engine: SimEngine, role: Role) -> None:
+    def __init__(self, engine: SimEngine, role: PoolRole) -> None:
         self.engine = engine
         self._lock = threading.Lock()
-        self._role = Role(role)
+        self._role = PoolRole(role)
         self._draining = False
 
     @property
-    def role(self) -> Role:
+    def role(self) -> PoolRole:
         return self._role
 
     @property
-    def state(self) -> WorkerState:
+    def state(self) -> FleetState:
         if not self._draining:
-            return WorkerState.READY
-        return WorkerState.DRAINED if self.engine.load.idle else WorkerState.DRAINING
+            return FleetState.READY
+        return FleetState.DRAINED if self.engine.load.idle else FleetState.DRAINING
 
     def report(self) -> AgentReport:
         """Role, state and load for the agent's registration and heartbeats."""
         with self._lock:
             load: dict[str, Any] = dict(self.engine.load.as_report())
             load["num_restarts"] = 0
-            return AgentReport(role=self._role.value, state=self.state.value, load=load)
+            return AgentReport(role=self._role, state=self.state, load=load)
 
     def apply_command(self, kind: CommandKind, payload: Mapping[str, Any]) -> str:
         """Apply ``drain``, ``resume`` or ``set_role``; the detail for the acknowledgement."""
@@ -58,6 +58,6 @@ class SimWorkerControl:
                 self._draining = False
                 return f"resumed ({self.state})"
             if kind is CommandKind.SET_ROLE:
-                old, self._role = self._role, Role(payload["role"])
+                old, self._role = self._role, PoolRole(payload["role"])
                 return f"role {old} -> {self._role} (sim engine serves both phases: no restart)"
         raise ValueError(f"kind {kind.value!r} is not a worker command")

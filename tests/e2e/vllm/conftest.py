@@ -31,7 +31,7 @@ import httpx
 import pytest
 import uvicorn
 
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 from exporters.records import RecordBatch, RequestRecord, Vantage
 from exporters.wire import decode_any
 from serving.model import build_tiny_model, default_model_dir
@@ -329,7 +329,7 @@ def pd_pair(
     kv_dir.mkdir()
     settings = SupervisorSettings(health_interval_s=0.5, backoff_initial_s=0.5, load_interval_s=1.0)
     workers = []
-    for core, role in enumerate((Role.PREFILL, Role.DECODE)):
+    for core, role in enumerate((PoolRole.PREFILL, PoolRole.DECODE)):
         port = free_port()
         spec = VllmSpec(
             model=tiny_model,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from exporters.commands import CommandKind, Role
-from serving.workers import WorkerState
+from exporters.commands import CommandKind
+from exporters.fleet import FleetState, PoolRole
 
 from .conftest import READY_TIMEOUT_S, ControlPlane, PDPair, complete, token_prompt
 
@@ -22,7 +22,7 @@ def test_worker_answers_a_completion(pd_pair: PDPair) -> None:
     assert answer["usage"]["completion_tokens"] == 5
     assert answer["usage"]["prompt_tokens"] == 20
     status = pd_pair.prefill.status()
-    assert status.state is WorkerState.READY
+    assert status.state is FleetState.READY
     assert status.pid is not None
 
 
@@ -57,7 +57,7 @@ def test_killed_server_is_restarted(pd_pair: PDPair) -> None:
     while worker.status().num_crashes == before.num_crashes:
         assert time.monotonic() < deadline, "the supervisor never noticed the crash"
         time.sleep(0.1)
-    assert worker.status().state in {WorkerState.DOWN, WorkerState.STARTING}
+    assert worker.status().state in {FleetState.DOWN, FleetState.STARTING}
     worker.wait_ready(READY_TIMEOUT_S)
 
     after = worker.status()
@@ -65,7 +65,7 @@ def test_killed_server_is_restarted(pd_pair: PDPair) -> None:
     assert after.num_restarts == before.num_restarts + 1
     assert after.last_exit_code == -signal.SIGKILL
     assert after.pid is not None and after.pid != before.pid
-    assert after.state is WorkerState.READY
+    assert after.state is FleetState.READY
     answer = complete(worker.url, token_prompt(20, seed=2), max_tokens=3)
     assert answer["usage"]["completion_tokens"] == 3
 
@@ -89,10 +89,10 @@ def test_drain_and_role_changes_reach_the_fleet_registry(
     try:
         assert worker.apply_command(CommandKind.DRAIN, {}).startswith("draining")
         _member_state(control_plane, member_id, state="drained")  # idle: nothing in flight
-        worker.apply_command(CommandKind.SET_ROLE, {"role": Role.DECODE})
+        worker.apply_command(CommandKind.SET_ROLE, {"role": PoolRole.DECODE})
         _member_state(control_plane, member_id, role="decode")
     finally:
-        worker.apply_command(CommandKind.SET_ROLE, {"role": Role.PREFILL})
+        worker.apply_command(CommandKind.SET_ROLE, {"role": PoolRole.PREFILL})
         worker.apply_command(CommandKind.RESUME, {})
     _member_state(control_plane, member_id, state="ready", role="prefill")
     assert worker.status().pid == pid  # kv_both: no restart for any of it

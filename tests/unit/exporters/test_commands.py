@@ -19,10 +19,10 @@ from exporters.commands import (
     CommandError,
     CommandKind,
     Pool,
-    Role,
     command_from_json,
     command_to_json,
 )
+from exporters.fleet import PoolRole
 from exporters.wire import WireError
 
 ID = "6f1c2a9e-3b4d-4c5e-8f90-a1b2c3d4e5f6"
@@ -78,8 +78,8 @@ def test_every_kind_round_trips_through_json_text(kind: CommandKind) -> None:
 
 def test_payloads_are_stored_in_canonical_read_only_form() -> None:
     role = command(CommandKind.SET_ROLE)
-    assert role.payload == {"role": Role.DECODE}
-    assert role.payload["role"] is Role.DECODE
+    assert role.payload == {"role": PoolRole.DECODE}
+    assert role.payload["role"] is PoolRole.DECODE
     pool = command(CommandKind.SET_POOL_MEMBERSHIP)
     assert pool.payload == {"pool": Pool.PREFILL, "instances": ("10.0.0.1:8000", "w-2")}
     with pytest.raises(TypeError):

@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import ClusterSnapshot, SimPolicy
 from serving.sim.control.baselines import ThresholdShedder
 from serving.sim.control.eval.scenario import Scenario

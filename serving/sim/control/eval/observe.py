@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from serving.gateway.routing import PoolRole
+from exporters.fleet import PoolRole
 from serving.sim.cluster import ClusterSnapshot, SimPolicy
 from serving.sim.instance import Job
 

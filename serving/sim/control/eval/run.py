@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from exporters.fleet import PoolRole
 from exporters.records import RecordBatch, Status
 from exporters.slo import judge
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import NoControl, SimPolicy, Simulator, Workload, build_workload
 from serving.sim.control.eval.observe import RoleChange, RoleChangeObserver
 from serving.sim.control.eval.scenario import Scenario, cached_trace

@@ -17,7 +17,7 @@ from controlplane.policies.dynamo import (
     prefill_replicas,
 )
 from controlplane.policies.planner import InstanceLoad, ServiceModel
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 
 MODEL = ServiceModel(
     prefill_tokens_per_s=32_000.0,
@@ -78,12 +78,17 @@ def test_corrections_from_observed_latency() -> None:
 def test_interval_gates_the_planner_and_pins_hold() -> None:
     assert DEFAULT_INTERVAL_S == 180.0
     planner = DynamoPlanner(PROFILE, CONFIG)
-    instances = [InstanceLoad(id=f"p{k}", role=Role.PREFILL) for k in range(2)] + [
-        InstanceLoad(id=f"d{k}", role=Role.DECODE, decode_streams=k) for k in range(6)
+    instances = [InstanceLoad(id=f"p{k}", role=PoolRole.PREFILL) for k in range(2)] + [
+        InstanceLoad(id=f"d{k}", role=PoolRole.DECODE, decode_streams=k) for k in range(6)
     ]
     obs = DynamoObservation(num_requests=1800, duration_s=180.0, isl=8000.0, osl=50.0)
     moves = planner.plan(0.0, instances, obs)
-    assert moves == {"d0": Role.PREFILL, "d1": Role.PREFILL, "d2": Role.PREFILL, "d3": Role.PREFILL}
+    assert moves == {
+        "d0": PoolRole.PREFILL,
+        "d1": PoolRole.PREFILL,
+        "d2": PoolRole.PREFILL,
+        "d3": PoolRole.PREFILL,
+    }
     assert planner.plan(100.0, instances, obs) == {}  # within the 180 s interval
     pinned = [
         InstanceLoad(i.id, i.role, pinned=i.id in {"d0", "d1"}, decode_streams=i.decode_streams)

@@ -20,7 +20,7 @@ from controlplane.policies.planner import (
     plan,
     predict_splits,
 )
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 
 # H100 Llama-3.1-8B-like figures (serving/sim profile h100-llama3.1-8b): ~32k prompt
 # tokens/s per instance, 8.5 ms decode base step, 14.5 µs per sequence, 49 ns per token.
@@ -37,10 +37,10 @@ CONFIG = PlannerConfig(min_gain_ratio=0.05, min_dwell_s=60.0, max_moves_per_tick
 
 def fleet(num_prefill: int, num_decode: int, **changes: object) -> list[InstanceLoad]:
     return [
-        InstanceLoad(id=f"p{k}", role=Role.PREFILL, **changes)  # type: ignore[arg-type]
+        InstanceLoad(id=f"p{k}", role=PoolRole.PREFILL, **changes)  # type: ignore[arg-type]
         for k in range(num_prefill)
     ] + [
-        InstanceLoad(id=f"d{k}", role=Role.DECODE, **changes)  # type: ignore[arg-type]
+        InstanceLoad(id=f"d{k}", role=PoolRole.DECODE, **changes)  # type: ignore[arg-type]
         for k in range(num_decode)
     ]
 
@@ -61,7 +61,7 @@ DECODE_HEAVY = Demand(
 
 def test_moves_a_decode_instance_to_the_prefill_bottleneck() -> None:
     result = plan(snapshot(fleet(2, 6), PREFILL_HEAVY), CONFIG)
-    assert [(m.from_role, m.to_role) for m in result.moves] == [(Role.DECODE, Role.PREFILL)]
+    assert [(m.from_role, m.to_role) for m in result.moves] == [(PoolRole.DECODE, PoolRole.PREFILL)]
     assert result.target.goodput_rps > result.current.goodput_rps
     assert result.best.num_prefill >= 3
     move = result.moves[0]
@@ -72,14 +72,14 @@ def test_moves_a_decode_instance_to_the_prefill_bottleneck() -> None:
 
 def test_moves_a_prefill_instance_to_the_decode_bottleneck() -> None:
     result = plan(snapshot(fleet(6, 2), DECODE_HEAVY), CONFIG)
-    assert [(m.from_role, m.to_role) for m in result.moves] == [(Role.PREFILL, Role.DECODE)]
+    assert [(m.from_role, m.to_role) for m in result.moves] == [(PoolRole.PREFILL, PoolRole.DECODE)]
     assert result.target.itl_attainment_ratio > result.current.itl_attainment_ratio
 
 
 def test_chooses_the_least_loaded_instance_and_at_most_k() -> None:
     instances = fleet(2, 6)
     instances = [
-        dataclasses.replace(inst, decode_streams=10 - k) if inst.role is Role.DECODE else inst
+        dataclasses.replace(inst, decode_streams=10 - k) if inst.role is PoolRole.DECODE else inst
         for k, inst in enumerate(instances)
     ]
     result = plan(snapshot(instances, PREFILL_HEAVY), CONFIG)
@@ -121,7 +121,9 @@ def test_dwell_time_is_respected() -> None:
 
 
 def test_pinned_instances_never_move() -> None:
-    instances = [dataclasses.replace(inst, pinned=inst.role is Role.DECODE) for inst in fleet(2, 6)]
+    instances = [
+        dataclasses.replace(inst, pinned=inst.role is PoolRole.DECODE) for inst in fleet(2, 6)
+    ]
     result = plan(snapshot(instances, PREFILL_HEAVY), CONFIG)
     assert result.moves == ()
     partly = [dataclasses.replace(inst, pinned=inst.id != "d3") for inst in fleet(2, 6)]
@@ -132,7 +134,7 @@ def test_pinned_instances_never_move() -> None:
 def test_a_moving_instance_counts_once_in_its_target_pool() -> None:
     instances = fleet(2, 6)
     instances[2] = dataclasses.replace(
-        instances[2], draining=True, moving_to=Role.PREFILL, last_role_change_s=995.0
+        instances[2], draining=True, moving_to=PoolRole.PREFILL, last_role_change_s=995.0
     )
     result = plan(snapshot(instances, PREFILL_HEAVY), CONFIG)
     assert result.evidence["pools"] == {"prefill": 3.0, "decode": 5.0}
@@ -166,7 +168,7 @@ def test_deep_overload_balances_headroom() -> None:
     demand = Demand(requests_per_s=50.0, prompt_tokens_per_s=400_000.0, output_tokens_per_s=500.0)
     result = plan(snapshot(fleet(1, 3), demand), CONFIG)
     assert result.best.goodput_rps == 0.0
-    assert [m.to_role for m in result.moves] == [Role.PREFILL]
+    assert [m.to_role for m in result.moves] == [PoolRole.PREFILL]
 
 
 def test_prediction_matches_the_md1_formula() -> None:
@@ -200,7 +202,7 @@ def test_no_oscillation_under_stationary_demand(
     num_prefill = min(num_prefill, total - 1)
     demand = Demand(rps, rps * prompt, rps * output)
     instances = fleet(num_prefill, total - num_prefill)
-    directions: set[Role] = set()
+    directions: set[PoolRole] = set()
     now = 1000.0
     quiet = 0
     for _ in range(3 * total):

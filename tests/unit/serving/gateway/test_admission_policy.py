@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
+from exporters.fleet import PoolRole
 from serving.gateway.admission import RequestInfo
 from serving.gateway.admission_load import LoadTracker
 from serving.gateway.admission_policy import PolicyAdmission
-from serving.gateway.routing import InstanceState, PoolRole
+from serving.gateway.routing import InstanceState
 
 P1, P2, D1, D2 = "http://p1", "http://p2", "http://d1", "http://d2"
 MODEL = AdmissionModel(

@@ -84,6 +84,7 @@ async def test_registers_beats_and_registers_again_when_forgotten() -> None:
         "/api/v1/fleet/register",
     ]
     assert cp.bodies[0] == {"id": "gw-1", "kind": "gateway", "endpoint": "http://127.0.0.1:9000",
+                            "model": "",
                             "role": "both", "state": "ready", "load": {"in_flight": 0}}  # fmt: skip
     assert all(auth == "Bearer agent" for _, _, auth in cp.calls)
     cp.down = True

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.fleet import FleetMember, PoolRole
 from serving.gateway.pool import InstancePool, StaticInstance
-from serving.gateway.routing import PoolRole
 
 
-def member(endpoint: str, role: str = "both", state: str = "ready", **kw: object) -> dict:
-    return {"id": endpoint, "kind": "worker", "endpoint": endpoint, "role": role,
-            "state": state, "stale": False, **kw}  # fmt: skip
+def member(endpoint: str, role: str = "both", state: str = "ready", **kw: object) -> FleetMember:
+    return FleetMember.from_json({"id": endpoint, "kind": "worker", "endpoint": endpoint,
+                                  "role": role, "state": state, "stale": False, **kw})  # fmt: skip
 
 
 def test_static_instances_are_normalised_and_unique() -> None:

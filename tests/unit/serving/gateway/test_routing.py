@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.fleet import PoolRole
 from serving.gateway.routing import (
     AFFINITY_BLOCK_TOKENS,
     AFFINITY_PREFIX_CHARS,
     InstanceState,
     NoInstanceError,
-    PoolRole,
     RouteRequest,
     affinity_key,
     choose,

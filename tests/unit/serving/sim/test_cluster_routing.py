@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from serving.gateway.routing import PoolRole, RouteRequest, choose
+from exporters.fleet import PoolRole
+from serving.gateway.routing import RouteRequest, choose
 from serving.sim.cluster import (
     ClusterSpecError,
     NoControl,

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from exporters.fleet import PoolRole
 from exporters.latency import request_latencies
 from exporters.records import Phase, RecordBatch, Status
 from exporters.slo import Metric, Objective, judge
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim import LatencyModel, get_link
 from serving.sim.cluster import (
     ClusterSnapshot,

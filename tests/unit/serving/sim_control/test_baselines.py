@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import ClusterSnapshot, InstanceView
 from serving.sim.control.baselines import (
     BusyThresholds,

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import ClusterSnapshot
 from serving.sim.control.eval.contenders import Combined, Contender, baseline_contenders
 from serving.sim.control.eval.experiments import (

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import (
     ClusterSnapshot,
     InstanceView,

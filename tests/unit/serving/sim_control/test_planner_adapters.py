@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from exporters.fleet import PoolRole
 from serving.gateway.admission import Decision, RequestInfo
-from serving.gateway.routing import PoolRole
 from serving.sim.cluster import SimOptions, Simulator, build_workload, parse_cluster
 from serving.sim.cluster.policy import ClusterSnapshot, InstanceView, SimPolicy
 from serving.sim.control.planner import DynamoPolicy, PlannerPolicy

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from exporters.commands import CommandKind, Role
+from exporters.commands import CommandKind
+from exporters.fleet import PoolRole
 from goodput.cli import app
 from serving.sim import LatencyModel, get_model, kv_capacity_tokens
 from serving.sim.instance import InstanceConfig
@@ -22,7 +23,7 @@ runner = CliRunner()
 
 def test_drain_reports_draining_until_idle_then_drained_and_resume_undoes_it() -> None:
     engine = SimEngine(LatencyModel.for_profile("h100-llama3.1-8b"), InstanceConfig())
-    control = SimWorkerControl(engine, Role.PREFILL)
+    control = SimWorkerControl(engine, PoolRole.PREFILL)
     assert control.report().state == "ready"
     engine.load = WorkerLoad(num_requests_running=2)
     assert control.apply_command(CommandKind.DRAIN, {}).startswith("draining")

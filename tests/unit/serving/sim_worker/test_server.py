@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from exporters.commands import Role
+from exporters.fleet import PoolRole
 from serving.gateway.sse import EventSplitter, StreamAccounting
 from serving.sim import LatencyModel, get_link
 from serving.sim.worker.cli import SimWorkerSpec, build_worker
@@ -279,7 +279,7 @@ def test_a_client_that_goes_away_aborts_its_request(start_worker: Any) -> None:
 
 
 def test_role_of_the_worker_is_in_its_info(start_worker: Any) -> None:
-    worker = start_worker(role=Role.DECODE)
+    worker = start_worker(role=PoolRole.DECODE)
     info = worker.client.get("/sim").json()
     assert (info["role"], info["state"], info["strategy"], info["link"]) == (
         "decode", "ready", "chunked", "nvlink",

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.commands import CommandKind, Role
-from serving.workers import ServerError, SupervisorSettings, VllmSpec, WorkerState, WorkerSupervisor
+from exporters.commands import CommandKind
+from exporters.fleet import FleetState, PoolRole
+from serving.workers import ServerError, SupervisorSettings, VllmSpec, WorkerSupervisor
 
 FAST = SupervisorSettings(
     health_interval_s=0.01,
@@ -76,7 +77,7 @@ class ScriptedServer:
 def supervisor(server: ScriptedServer, settings: SupervisorSettings = FAST) -> WorkerSupervisor:
     spec = VllmSpec(model=Path("/models/tiny"), port=8100)
     return WorkerSupervisor(
-        spec, run_dir=Path("/unused"), role=Role.PREFILL, settings=settings, server=server
+        spec, run_dir=Path("/unused"), role=PoolRole.PREFILL, settings=settings, server=server
     )
 
 
@@ -97,10 +98,10 @@ def test_starts_and_becomes_ready() -> None:
     finally:
         worker.stop()
 
-    assert (status.state, status.role, status.pid) == (WorkerState.READY, Role.PREFILL, 1001)
+    assert (status.state, status.role, status.pid) == (FleetState.READY, PoolRole.PREFILL, 1001)
     assert (status.num_restarts, status.num_crashes) == (0, 0)
     assert server.stops >= 1 and not server.alive()
-    assert worker.status().state is WorkerState.DOWN
+    assert worker.status().state is FleetState.DOWN
 
 
 def test_a_dead_server_is_restarted_and_counted() -> None:
@@ -154,13 +155,13 @@ def test_drain_resume_and_set_role() -> None:
         drained = worker.apply_command(CommandKind.DRAIN, {})
         state_drained = worker.status().state  # idle: nothing running or waiting
         resumed = worker.apply_command(CommandKind.RESUME, {})
-        role = worker.apply_command(CommandKind.SET_ROLE, {"role": Role.DECODE})
+        role = worker.apply_command(CommandKind.SET_ROLE, {"role": PoolRole.DECODE})
         report = worker.report()
     finally:
         worker.stop()
 
     assert drained == "draining (drained)"
-    assert state_drained is WorkerState.DRAINED
+    assert state_drained is FleetState.DRAINED
     assert resumed == "resumed (ready)"
     assert role == "role prefill -> decode (kv_both: no restart)"
     assert (report.role, report.state) == ("decode", "ready")
