@@ -131,8 +131,20 @@ def _replay(stack: SimStack, n: int) -> Attempt:
     for exporter in shipped.values():
         assert exporter["num_exported_records"] == n, shipped
         assert exporter["num_dropped_records"] == exporter["num_rejected_records"] == 0, shipped
+    # Every engine record the exporters had acknowledged is counted, exactly once: ingest
+    # applied all 3n records (n gateway records, two legs per request), refused none, and
+    # the engine dropped none. The engine SLO's `requests` counts judged legs (ok or
+    # error); a leg its worker ended as aborted (finish reason "abort": its client went
+    # away first) is counted apart in `aborted`, as every aborted request is. So the exact
+    # count is requests + aborted; `requests` alone read 378 of 380 in some runs.
     engine = stack.get(f"/api/v1/slos/{engine_slo['id']}/goodput", window="1h")
+    metrics = httpx.get(f"{stack.cp_url}/metrics", timeout=10).text
+    assert metric_sum(metrics, "goodput_ingest_records_total", protocol="wire") == 3 * n
+    assert engine["requests"] + engine["aborted"] == 2 * n, (engine, metrics)
     assert engine["errors"] == 0, engine
+    assert metric_sum(metrics, "goodput_ingest_rejected_records_total") == 0
+    assert metric_sum(metrics, "goodput_engine_records_total", outcome="dropped_late") == 0
+    assert metric_sum(metrics, "goodput_engine_records_total", outcome="dropped_future") == 0
     assert stats["requests"] == n and stats["errors"] == 0, stats
     # How late each worker's loop committed its iterations (its tokens' delay past the model).
     lag = {}
