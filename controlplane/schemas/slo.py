@@ -6,8 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controlplane.goodput.spec import measurement_warnings
 from controlplane.models.enums import SLOVantage
 from controlplane.schemas.common import (
     Interval,
@@ -17,6 +18,8 @@ from controlplane.schemas.common import (
     WireModel,
     non_nullable_in_schema,
 )
+from exporters.slo import Metric
+from exporters.slo import Objective as CoreObjective
 
 __all__ = [
     "MAX_WINDOW_S",
@@ -28,7 +31,6 @@ __all__ = [
     "SLOCreate",
     "SLOImportResult",
     "SLOPublic",
-    "SLOSavedPublic",
     "SLOUpdate",
     "SLOVersionPublic",
     "SLOVersionsPublic",
@@ -191,15 +193,19 @@ class SLOPublic(BaseModel):
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
-
-
-class SLOSavedPublic(SLOPublic):
-    """An SLO as created or updated, with ``warnings``: what it cannot measure at its
-    vantage (an ITL objective at ``engine``: vLLM's records carry no inter-token gaps). A
-    warning does not refuse the change; it says which objectives will be reported as
-    unmeasured (``measured_ratio`` of the goodput API) instead of silently passing."""
-
+    #: What the SLO cannot measure at its vantage (an ITL objective at ``engine``: vLLM's
+    #: records carry no inter-token gaps), one sentence each; derived from ``vantage`` and
+    #: ``objectives``, never stored. A warning refuses nothing: it says which objectives the
+    #: goodput API will report as unmeasured (``measured_ratio``) instead of passing them.
     warnings: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _derive_warnings(self) -> SLOPublic:
+        self.warnings = measurement_warnings(
+            self.vantage.value,
+            [CoreObjective(Metric(o.metric), o.threshold_s, o.statistic) for o in self.objectives],
+        )
+        return self
 
 
 class SLOsPublic(BaseModel):
@@ -225,12 +231,10 @@ class SLOVersionsPublic(BaseModel):
 
 
 class SLOApplied(BaseModel):
-    """One SLO of an import: whether it was created, updated or already as given, and what
-    it cannot measure at its vantage (as :class:`SLOSavedPublic` ``warnings``)."""
+    """One SLO of an import: whether it was created, updated or already as given."""
 
     action: Literal["created", "updated", "unchanged"]
     slo: SLOPublic
-    warnings: list[str] = Field(default_factory=list)
 
 
 class SLOImportResult(BaseModel):

@@ -52,8 +52,9 @@ ApplyAction = Literal["created", "updated", "unchanged"]
 
 
 def slo_snapshot(slo: SLO) -> dict[str, Any]:
-    """The JSON-ready public form of an SLO (the version snapshot and audit before/after)."""
-    return SLOPublic.model_validate(slo).model_dump(mode="json")
+    """The JSON-ready public form of an SLO (the version snapshot and audit before/after);
+    ``warnings`` are derived from the definition, not part of it."""
+    return SLOPublic.model_validate(slo).model_dump(mode="json", exclude={"warnings"})
 
 
 def _engine_objectives(objectives: list[dict[str, Any]]) -> tuple[Objective, ...]:

@@ -19,16 +19,13 @@ from controlplane.errors import (
     InvalidInputError,
     UnsupportedMediaTypeError,
 )
-from controlplane.goodput.spec import measurement_warnings
 from controlplane.ingest import read_limited
-from controlplane.models import SLO
 from controlplane.schemas.common import NAME_PATTERN, responses
 from controlplane.schemas.slo import (
     SLOApplied,
     SLOCreate,
     SLOImportResult,
     SLOPublic,
-    SLOSavedPublic,
     SLOsPublic,
     SLOUpdate,
     SLOVersionPublic,
@@ -79,24 +76,13 @@ _YAML_OUT: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _warnings(slo: SLO) -> list[str]:
-    """What ``slo`` cannot measure at its vantage (``goodput.spec.measurement_warnings``)."""
-    spec = service.to_spec(slo)
-    return measurement_warnings(spec.vantage, spec.objectives)
-
-
-def _saved(slo: SLO) -> SLOSavedPublic:
-    public = SLOPublic.model_validate(slo)
-    return SLOSavedPublic(**dict(public), warnings=_warnings(slo))
-
-
 @router.post("", status_code=201, responses=responses(409))
-async def create_slo(principal: Operator, session: SessionDep, body: SLOCreate) -> SLOSavedPublic:
-    """Create an SLO; ``warnings`` name the objectives it cannot measure at its vantage."""
+async def create_slo(principal: Operator, session: SessionDep, body: SLOCreate) -> SLOPublic:
+    """Create an SLO; ``warnings`` names the objectives it cannot measure at its vantage."""
     slo = await service.create_slo(
         session, body, actor=principal.actor, now=utcnow(), tenant=principal.tenant
     )
-    return _saved(slo)
+    return SLOPublic.model_validate(slo)
 
 
 @router.get("")
@@ -158,9 +144,7 @@ async def import_slos(
         action, slo = await service.apply_slo(
             session, definition, actor=principal.actor, now=now, tenant=principal.tenant
         )
-        applied.append(
-            SLOApplied(action=action, slo=SLOPublic.model_validate(slo), warnings=_warnings(slo))
-        )
+        applied.append(SLOApplied(action=action, slo=SLOPublic.model_validate(slo)))
     return SLOImportResult(data=applied, count=len(applied))
 
 
@@ -177,13 +161,13 @@ async def read_slo(
 @router.patch("/{slo_ref}", responses=responses(404, 409))
 async def update_slo(
     principal: Operator, session: SessionDep, slo_ref: Ref, body: SLOUpdate
-) -> SLOSavedPublic:
+) -> SLOPublic:
     """Change the fields sent; bumps ``version`` and records history if anything changed.
-    ``warnings`` name the objectives the SLO cannot measure at its vantage."""
+    ``warnings`` names the objectives the SLO cannot measure at its vantage."""
     slo = await service.update_slo(
         session, slo_ref, body, actor=principal.actor, now=utcnow(), tenant=principal.tenant
     )
-    return _saved(slo)
+    return SLOPublic.model_validate(slo)
 
 
 @router.delete("/{slo_ref}", status_code=204, responses=responses(404))

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from controlplane.models import Role
 from exporters._reference import reference_quantile_lower
 from exporters.latency import itl_gaps_s, request_latencies
-from exporters.records import Labels, RecordBatch, RequestRecord, Status, Vantage
+from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
 from exporters.slo import Metric, Objective, judge
 from exporters.wire import CONTENT_TYPE_BINARY, encode_batch
 from tests.integration.controlplane.conftest import MakeKey, bearer
@@ -49,6 +49,12 @@ def replay(n: int, seed: int = 7) -> list[RequestRecord]:
         status = STATUSES[int(rng.integers(len(STATUSES)))]
         finish_ago_ns = int(rng.uniform(5, 75) * 1e9)
         other = k % 5 == 4
+        detail = TokenDetail.FULL
+        if k % 7 == 3 and num >= 2:
+            # A stat-logger-like record: the first and last emission only, gaps not carried.
+            offsets = offsets[[0, -1]]
+            chunks = np.array([1, int(chunks.sum()) - 1], dtype=np.int32)
+            detail = TokenDetail.SUMMARY
         out.append(
             RequestRecord(
                 request_id=f"r{k}",
@@ -57,6 +63,7 @@ def replay(n: int, seed: int = 7) -> list[RequestRecord]:
                 labels=Labels(model="mistral" if other and not k % 2 else "llama"),
                 emission_offsets_us=offsets.astype(np.int64),
                 emission_tokens=chunks,
+                token_detail=detail,
                 status=status,
                 reason="oom" if status is Status.ERROR else "",
             )
@@ -85,8 +92,10 @@ def expected(records: list[RequestRecord]) -> dict[str, Any]:
         "output_tokens": int(tokens[admitted].sum()),
         "good_output_tokens": int(tokens[verdicts.good].sum()),
         "violations": {
-            key: int((verdicts.judged & ~verdicts.met[:, k]).sum()) for k, key in enumerate(keys)
+            key: int((verdicts.judged & verdicts.violated[:, k]).sum())
+            for k, key in enumerate(keys)
         },
+        "measured": dict(zip(keys, verdicts.num_measured, strict=True)),
         "values": {
             "ttft": lat.ttft_s[ok].tolist(),
             "tpot": lat.tpot_s[ok].tolist(),
@@ -135,8 +144,11 @@ async def test_a_replay_gives_the_offline_exact_answer(
     stats = (
         await client.get(f"{SLOS}/{slo['id']}/goodput?window=5m", headers=admin_headers)
     ).json()
-    for field in ("requests", "good", "errors", "aborted", "rejected", "violations"):
+    for field in ("requests", "good", "errors", "aborted", "rejected", "violations", "measured"):
         assert stats[field] == truth[field], field
+    judged = truth["requests"]
+    assert 0 < truth["measured"]["itl_p90"] < judged  # the SUMMARY records' ITL is unmeasured
+    assert stats["measured_ratio"] == {k: n / judged for k, n in truth["measured"].items()}
     assert stats["output_tokens"] == truth["output_tokens"]
     assert stats["good_output_tokens"] == truth["good_output_tokens"]
     judged, good = truth["requests"], truth["good"]
@@ -161,7 +173,7 @@ async def test_a_replay_gives_the_offline_exact_answer(
     everything = (await client.get("/api/v1/goodput?window=5m", headers=admin_headers)).json()
     assert everything["count"] == 1
     (same,) = everything["data"]
-    for field in ("slo_id", "requests", "good", "violations", "ttft", "tpot", "itl", "e2el"):
+    for field in ("slo_id", "requests", "good", "violations", "measured", "ttft", "itl"):
         assert same[field] == stats[field], field
 
 
@@ -189,7 +201,15 @@ async def test_dry_run_applies_candidate_thresholds_to_stored_requests(
     verdicts = judge(RecordBatch.from_records(chosen), [Objective(Metric.TTFT, 0.1)])
     assert (result["requests"], result["good"]) == (verdicts.num_judged, verdicts.num_good)
     assert result["violations"] == {"ttft": int((verdicts.judged & ~verdicts.met[:, 0]).sum())}
+    assert result["measured"] == {"ttft": verdicts.num_judged}
+    assert result["warnings"] == []
     assert result["slo_name"] == "candidate"
+    # At the engine vantage an ITL objective is flagged: vLLM's records carry no gaps.
+    itl = {**body["slo"], "vantage": "engine", "objectives": [{"metric": "itl", "threshold_s": 1}]}
+    response = await client.post(f"{SLOS}:dry-run", json={**body, "slo": itl}, headers=viewer)
+    assert response.status_code == 200, response.text
+    (warning,) = response.json()["warnings"]
+    assert warning.startswith("objective 'itl' (itl max <= 1 s) cannot be measured")
     # Nothing was saved.
     assert (await client.get(f"{SLOS}/candidate", headers=viewer)).status_code == 404
     response = await client.post(f"{SLOS}:dry-run", json={**body, "window_s": 7200}, headers=viewer)

@@ -50,6 +50,38 @@ async def test_create_returns_the_slo_with_defaults(
     ]
 
 
+async def test_an_objective_the_vantage_cannot_measure_is_flagged_on_every_write(
+    client: httpx.AsyncClient, operator_headers: dict[str, str]
+) -> None:
+    assert (await create(client, operator_headers))["warnings"] == []  # gateway: all measured
+    slo = await create(client, operator_headers, name="engine-chat", vantage="engine")
+    (warning,) = slo["warnings"]
+    assert warning == (
+        "objective 'itl_p99' (itl p99 <= 0.05 s) cannot be measured on vLLM's engine-side "
+        "records (stat-logger plugin, OTLP llm_request spans: first and last token only); "
+        "those requests are judged on the other objectives and counted as unmeasured "
+        "(measured_ratio); judge ITL at vantage 'gateway'"
+    )
+    patched = await client.patch(
+        f"{SLOS}/engine-chat", json={"target": 0.95}, headers=operator_headers
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["warnings"] == [warning]
+    patched = await client.patch(
+        f"{SLOS}/engine-chat",
+        json={"objectives": [{"metric": "ttft", "threshold_s": 0.2}]},
+        headers=operator_headers,
+    )
+    assert patched.json()["warnings"] == []
+    # Warnings are derived from the definition on every read, never stored with it.
+    versions = await client.get(f"{SLOS}/engine-chat/versions", headers=operator_headers)
+    assert [v["snapshot"]["warnings"] for v in versions.json()["data"]] == [
+        [],
+        [warning],
+        [warning],
+    ]
+
+
 async def test_read_by_id_and_by_name(
     client: httpx.AsyncClient, operator_headers: dict[str, str]
 ) -> None:
