@@ -411,6 +411,29 @@ class LiveGoodput:
         }
 
 
+# (type, name, help, key of LiveGoodput.counts()) of the runtime's unlabelled families.
+_FAMILIES: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, str], ...] = (
+    (CounterMetricFamily, "goodput_rollup_write_failures",
+     "Rollup writes the database refused (rows kept for retry).", "write_failures"),
+    (GaugeMetricFamily, "goodput_rollup_rows_pending",
+     "Rollup rows waiting for a successful write.", "rollups_pending"),
+    (GaugeMetricFamily, "goodput_slo_set_loaded",
+     "1 once the engine loaded the SLO set from the database; 0 while it retries.",
+     "slo_set_loaded"),
+    (CounterMetricFamily, "goodput_slo_load_failures",
+     "Attempts to load the SLO set that failed (database down or not migrated).",
+     "load_failures"),
+    (CounterMetricFamily, "goodput_wal_replayed_records",
+     "Records the ingest write-ahead log gave back to the engine at start.",
+     "wal_replayed_records"),
+    (CounterMetricFamily, "goodput_wal_syncs",
+     "fsync calls of the ingest write-ahead log (one covers concurrent batches).", "wal_syncs"),
+    (GaugeMetricFamily, "goodput_wal_segments",
+     "Write-ahead log segments on disk (released once a checkpoint covers them).",
+     "wal_segments"),
+)  # fmt: skip
+
+
 class _RuntimeCollector:
     """``goodput_rollup_*`` and ``goodput_slo_*`` from the runtime's counters."""
 
@@ -431,41 +454,8 @@ class _RuntimeCollector:
             key = outcome if outcome == "loaded" else f"rollups_{outcome}"
             written.add_metric([outcome], counts[key])
         yield written
-        yield CounterMetricFamily(
-            "goodput_rollup_write_failures",
-            "Rollup writes the database refused (rows kept for retry).",
-            value=counts["write_failures"],
-        )
-        yield GaugeMetricFamily(
-            "goodput_rollup_rows_pending",
-            "Rollup rows waiting for a successful write.",
-            value=counts["rollups_pending"],
-        )
-        yield GaugeMetricFamily(
-            "goodput_slo_set_loaded",
-            "1 once the engine loaded the SLO set from the database; 0 while it retries.",
-            value=counts["slo_set_loaded"],
-        )
-        yield CounterMetricFamily(
-            "goodput_slo_load_failures",
-            "Attempts to load the SLO set that failed (database down or not migrated).",
-            value=counts["load_failures"],
-        )
-        yield CounterMetricFamily(
-            "goodput_wal_replayed_records",
-            "Records the ingest write-ahead log gave back to the engine at start.",
-            value=counts["wal_replayed_records"],
-        )
-        yield CounterMetricFamily(
-            "goodput_wal_syncs",
-            "fsync calls of the ingest write-ahead log (one covers concurrent batches).",
-            value=counts["wal_syncs"],
-        )
-        yield GaugeMetricFamily(
-            "goodput_wal_segments",
-            "Write-ahead log segments on disk (released once a checkpoint covers them).",
-            value=counts["wal_segments"],
-        )
+        for family, name, doc, key in _FAMILIES:
+            yield family(name, doc, value=counts[key])
 
 
 def app_registry() -> CollectorRegistry:

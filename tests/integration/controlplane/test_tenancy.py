@@ -8,16 +8,11 @@ import httpx
 import pytest
 
 from tests.integration.controlplane.conftest import MakeKey, bearer
+from tests.integration.controlplane.test_fleet_registry import WORKER as FLEET_WORKER
 
 pytestmark = pytest.mark.integration
 
-WORKER = {
-    "id": "worker-a",
-    "kind": "worker",
-    "endpoint": "http://10.0.0.5:8001",
-    "model": "llama",
-    "role": "prefill",
-}
+WORKER = {**FLEET_WORKER, "id": "worker-a"}
 CLUSTER_FORBIDDEN = (
     "this route acts on the whole cluster (fleet, commands, automation); key "
     "'test-{role}' is scoped to tenant 'acme'"
