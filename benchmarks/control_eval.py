@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporters.slo import Metric, Objective  # noqa: E402
-from serving.sim.control.eval.contenders import Contender, baseline_contenders  # noqa: E402
-from serving.sim.control.eval.experiments import (  # noqa: E402
+from serving.sim.experiments.contenders import Contender, baseline_contenders  # noqa: E402
+from serving.sim.experiments.experiments import (  # noqa: E402
     Capacity,
     OverloadCell,
     ShiftOutcome,
@@ -52,13 +52,13 @@ from serving.sim.control.eval.experiments import (  # noqa: E402
     stability,
     workload_shift,
 )
-from serving.sim.control.eval.ours import OURS, control_contenders  # noqa: E402
-from serving.sim.control.eval.report import (  # noqa: E402
+from serving.sim.experiments.ours import OURS, control_contenders  # noqa: E402
+from serving.sim.experiments.report import (  # noqa: E402
     overload_table,
     shift_table,
     stability_table,
 )
-from serving.sim.control.eval.scenario import Scenario  # noqa: E402
+from serving.sim.experiments.scenario import Scenario  # noqa: E402
 
 TRACES = ("azure_code", "azure_conv", "mooncake")
 LEVELS = (1.5, 2.0, 3.0)
@@ -187,7 +187,7 @@ def main() -> None:
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         (args.out / "tables.md").write_text(tables + "\n")
     if args.plots:
-        from serving.sim.control.eval.plots import write_plots
+        from serving.sim.experiments.plots import write_plots
 
         for path in write_plots(
             args.plots, cells=cells, caps=caps, peaks=peaks, shifts=shifts, setup=setup

@@ -4,7 +4,7 @@ of evaluating them.
 Usage: ``python benchmarks/latency_model_fit.py [--quick]``
 
 For every H100 profile, on the same profile points (``shared/profiles``, built as
-``serving/sim/calibration.py`` builds them), the committed curves (a roofline knee) are
+``serving/sim/calibration/fit.py`` builds them), the committed curves (a roofline knee) are
 scored against a baseline fitted in the same run: the same points, the same fixed
 attention coefficients, no knee — the simple form ``a + b·N + c·ΣL²`` / ``a + b·B + k·C``.
 Errors are relative (MAPE and max over every point, fitted and held out).
@@ -32,18 +32,19 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from serving.sim import LatencyModel  # noqa: E402
-from serving.sim._splitwise import (  # noqa: E402
+from serving.sim.calibrated import committed_calibration  # noqa: E402
+from serving.sim.calibration._splitwise import (  # noqa: E402
     SPLITWISE_CSV,
     SPLITWISE_MODEL,
     SPLITWISE_TPS,
     splitwise_samples,
     splitwise_tp,
 )
-from serving.sim.calibration import LAYER_SOURCES, layer_steps  # noqa: E402
-from serving.sim.coefficients import StepCurve, committed_calibration, profile_name  # noqa: E402
-from serving.sim.fitting import Samples, fit_curve  # noqa: E402
+from serving.sim.calibration.fit import LAYER_SOURCES, layer_steps  # noqa: E402
+from serving.sim.calibration.fitting import Samples, fit_curve  # noqa: E402
+from serving.sim.calibration.profiles import read_layers_csv, read_splitwise_csv  # noqa: E402
+from serving.sim.coefficients import StepCurve, profile_name  # noqa: E402
 from serving.sim.models import get_model  # noqa: E402
-from serving.sim.profiles import read_layers_csv, read_splitwise_csv  # noqa: E402
 from serving.traces import shared_dir  # noqa: E402
 
 

@@ -14,9 +14,9 @@ times) on the same topology — one colocated vLLM instance behind the gateway:
   KV blocks, 1 GiB of KV), no jitter.
 
 The slices are trace windows the profile never saw (it was measured on synthetic
-random-token prompts, ``serving/sim/measure_cpu.py``): the Azure conversation trace at 0.2×
-its rate from 600 s, and the Azure code trace at 0.2× from 600 s (long prompts, short
-outputs). Errors are ``|sim − real| / real`` of the pooled statistics: TTFT mean and p99,
+random-token prompts, ``serving/sim/calibration/measure_cpu.py``): the Azure conversation
+trace at 0.2× its rate from 600 s, and the Azure code trace at 0.2× from 600 s (long prompts,
+short outputs). Errors are ``|sim − real| / real`` of the pooled statistics: TTFT mean and p99,
 ITL p50 and p90 (every gap of every request), E2EL p50 and p90. Goal (issue 5): TTFT ≤ 20 %
 mean and ≤ 30 % p99; ITL and E2EL ≤ 10 % at p50 and p90.
 

@@ -1,7 +1,7 @@
 """Fit the timing-model engine's coefficients to the H100 profiles and write them out.
 
 Reads ``shared/profiles`` (``$GOODPUT_SHARED_DIR/profiles``, or ``--profiles``), fits every
-curve (``serving/sim/calibration.py``), and writes:
+curve (``serving/sim/calibration/fit.py``), and writes:
 
 * ``serving/sim/_calibration_table.py`` — the committed coefficient table;
 * the fit-report block of ``docs/timing-model.md`` (between its ``fit-report`` markers).
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from serving.sim._render import render_report, render_table, replace_report  # noqa: E402
-from serving.sim.calibration import build_calibration  # noqa: E402
+from serving.sim.calibration._render import render_report, render_table, replace_report  # noqa: E402
+from serving.sim.calibration.fit import build_calibration  # noqa: E402
 from serving.traces import shared_dir  # noqa: E402
 
 TABLE = ROOT / "serving" / "sim" / "_calibration_table.py"

@@ -29,7 +29,6 @@ __all__ = [
     "LinkFit",
     "ProfileFit",
     "StepCurve",
-    "committed_calibration",
     "profile_name",
 ]
 
@@ -178,14 +177,3 @@ class Calibration:
     all_reduce: tuple[AllReduceFit, ...]
     decode_attention: DecodeAttentionFit
     cross_checks: tuple[CrossCheck, ...]
-
-
-def committed_calibration() -> Calibration:
-    """The committed table (``_calibration_table.py``).
-
-    Imported on first use rather than with the package, so that the script that writes the
-    table still runs when the table is missing or was written for older types.
-    """
-    from serving.sim._calibration_table import CALIBRATION
-
-    return CALIBRATION

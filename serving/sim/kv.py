@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from serving.sim.coefficients import LinkFit, committed_calibration
+from serving.sim.calibrated import committed_calibration
+from serving.sim.coefficients import LinkFit
 from serving.sim.models import ModelShape
 
 __all__ = [

@@ -29,7 +29,8 @@ from typing import SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
-from serving.sim.coefficients import ProfileFit, committed_calibration
+from serving.sim.calibrated import committed_calibration
+from serving.sim.coefficients import ProfileFit
 from serving.sim.kv import kv_bytes_per_token_per_gpu
 from serving.sim.models import ModelShape, get_model
 

@@ -20,7 +20,7 @@ clock, with the policy the control plane would push, computed by the control pla
 
 The simulator's requests have no priority class, so they all get the default class (full
 headroom). ``plan`` never moves an instance: combine it with a planner
-(``serving.sim.control.eval.contenders.Combined``).
+(``serving.sim.experiments.contenders.Combined``).
 
 Example::
 

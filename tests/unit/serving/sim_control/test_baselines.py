@@ -14,8 +14,8 @@ from serving.sim.control.baselines import (
     busy_decision,
     static_splits,
 )
-from serving.sim.control.eval.run import run_policy
-from serving.sim.control.eval.scenario import Scenario
+from serving.sim.experiments.run import run_policy
+from serving.sim.experiments.scenario import Scenario
 
 P, D, BOTH = PoolRole.PREFILL, PoolRole.DECODE, PoolRole.BOTH
 LIMITS = BusyThresholds(prefill_tokens=1000, decode_kv_ratio=0.8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.sim.profiles import (
+from serving.sim.calibration.profiles import (
     ProfileFormatError,
     format_step_csv,
     parse_collective_csv,

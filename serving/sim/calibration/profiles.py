@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from serving.sim.fitting import Samples
+from serving.sim.calibration.fitting import Samples
 
 __all__ = [
     "STEP_CSV_HEADER",

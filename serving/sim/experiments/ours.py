@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from serving.sim.cluster import SimPolicy
 from serving.sim.control.admission import SimAdmission
-from serving.sim.control.eval.contenders import Combined, Contender
-from serving.sim.control.eval.scenario import Scenario
 from serving.sim.control.planner import DynamoPolicy, PlannerPolicy
+from serving.sim.experiments.contenders import Combined, Contender
+from serving.sim.experiments.scenario import Scenario
 
 __all__ = [
     "ADMISSION_INTERVAL_S",

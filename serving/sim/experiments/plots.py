@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.sim.control.eval.experiments import (
+from serving.sim.experiments.experiments import (
     Capacity,
     OverloadCell,
     ShiftOutcome,
     ShiftSetup,
 )
-from serving.sim.control.eval.shift import bucket_attainment
+from serving.sim.experiments.shift import bucket_attainment
 
 __all__ = ["write_plots"]
 

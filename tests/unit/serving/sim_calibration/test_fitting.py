@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.sim.calibration import MeasuredSource, fit_measured
-from serving.sim.coefficients import StepCurve
-from serving.sim.fitting import (
+from serving.sim.calibration.fit import MeasuredSource, fit_measured
+from serving.sim.calibration.fitting import (
     FitFailedError,
     Samples,
     fit_curve,
@@ -17,7 +16,8 @@ from serving.sim.fitting import (
     held_out,
     significant,
 )
-from serving.sim.profiles import format_step_csv, parse_step_csv
+from serving.sim.calibration.profiles import format_step_csv, parse_step_csv
+from serving.sim.coefficients import StepCurve
 
 TRUE = StepCurve(
     base_s=0.008, per_unit_s=2e-5, knee=300, per_unit_above_knee_s=1e-5, per_attention_unit_s=2e-9

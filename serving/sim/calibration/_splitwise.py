@@ -12,13 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from serving.sim.coefficients import (
-    CrossCheck,
-    DecodeAttentionFit,
-    ProfileFit,
-    profile_name,
-)
-from serving.sim.fitting import (
+from serving.sim.calibration.fitting import (
     Samples,
     fit_curve,
     fit_error,
@@ -26,9 +20,15 @@ from serving.sim.fitting import (
     held_out,
     significant,
 )
+from serving.sim.calibration.profiles import SplitwiseProfile
+from serving.sim.coefficients import (
+    CrossCheck,
+    DecodeAttentionFit,
+    ProfileFit,
+    profile_name,
+)
 from serving.sim.kv import kv_bytes_per_token_per_gpu
 from serving.sim.models import get_model
-from serving.sim.profiles import SplitwiseProfile
 
 __all__ = [
     "SPLITWISE_CSV",

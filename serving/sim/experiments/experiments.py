@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from serving.sim.cluster import Workload
 from serving.sim.control.baselines import static_splits
-from serving.sim.control.eval.contenders import Contender
-from serving.sim.control.eval.knee import Knee, find_knee
-from serving.sim.control.eval.run import RunOutcome, run_policy
-from serving.sim.control.eval.scenario import Scenario
-from serving.sim.control.eval.shift import recovery_s, shift_inputs
+from serving.sim.experiments.contenders import Contender
+from serving.sim.experiments.knee import Knee, find_knee
+from serving.sim.experiments.run import RunOutcome, run_policy
+from serving.sim.experiments.scenario import Scenario
+from serving.sim.experiments.shift import recovery_s, shift_inputs
 
 __all__ = [
     "Capacity",

@@ -3,7 +3,7 @@
 A :class:`Contender` is a name and a factory ``make(scenario, split) -> SimPolicy | None``
 (``None``: no control). :func:`baseline_contenders` are the baselines; the control loops
 (the admission adapter ``serving.sim.control.admission``, the planner adapters
-``serving.sim.control.planner``) are built by :mod:`serving.sim.control.eval.ours`.
+``serving.sim.control.planner``) are built by :mod:`serving.sim.experiments.ours`.
 
 :class:`Combined` runs one admission policy and one planner as a single
 :class:`~serving.sim.cluster.SimPolicy`: every request is shown to the planner (it measures
@@ -22,7 +22,7 @@ from exporters.fleet import PoolRole
 from serving.gateway.admission import Decision, RequestInfo
 from serving.sim.cluster import ClusterSnapshot, SimPolicy
 from serving.sim.control.baselines import ThresholdShedder
-from serving.sim.control.eval.scenario import Scenario
+from serving.sim.experiments.scenario import Scenario
 
 __all__ = ["NO_CONTROL", "THRESHOLD_SHEDDER", "Combined", "Contender", "baseline_contenders"]
 

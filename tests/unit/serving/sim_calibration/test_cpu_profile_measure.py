@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 
 from exporters.records import RequestRecord, Vantage
-from serving.sim.measure_cpu import decode_step, differential_step, engine_itl, median_rows
-from serving.sim.profiles import format_step_csv, parse_step_csv
+from serving.sim.calibration.measure_cpu import (
+    decode_step,
+    differential_step,
+    engine_itl,
+    median_rows,
+)
+from serving.sim.calibration.profiles import format_step_csv, parse_step_csv
 
 
 def stream(start_s: float, first_token_s: float, step_s: float, tokens: int,

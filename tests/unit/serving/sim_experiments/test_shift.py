@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from serving.sim.cluster import Workload, build_workload
-from serving.sim.control.eval.shift import bucket_attainment, recovery_s, shift_inputs
+from serving.sim.experiments.shift import bucket_attainment, recovery_s, shift_inputs
 from serving.traces import Trace
 
 

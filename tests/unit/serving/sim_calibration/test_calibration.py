@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 
 from serving.sim import LatencyModel, get_profile, kv_capacity_tokens
-from serving.sim._render import REPORT_BEGIN, REPORT_END, render_report, render_table
-from serving.sim._splitwise import (
+from serving.sim.calibrated import committed_calibration
+from serving.sim.calibration._render import REPORT_BEGIN, REPORT_END, render_report, render_table
+from serving.sim.calibration._splitwise import (
     SPLITWISE_CSV,
     SPLITWISE_EXCLUDED,
     SPLITWISE_MODEL,
     splitwise_samples,
     splitwise_tp,
 )
-from serving.sim.calibration import LAYER_SOURCES, LayerSource, build_calibration, layer_steps
-from serving.sim.coefficients import Calibration, FitError, committed_calibration, profile_name
-from serving.sim.fitting import Samples, held_out
+from serving.sim.calibration.fit import LAYER_SOURCES, LayerSource, build_calibration, layer_steps
+from serving.sim.calibration.fitting import Samples, held_out
+from serving.sim.calibration.profiles import read_layers_csv, read_splitwise_csv
+from serving.sim.coefficients import Calibration, FitError, profile_name
 from serving.sim.models import get_model
-from serving.sim.profiles import read_layers_csv, read_splitwise_csv
 from serving.traces import shared_dir
 
 PROFILES = shared_dir() / "profiles"

@@ -16,7 +16,7 @@ from serving.sim.cluster import (
     build_workload,
     parse_cluster,
 )
-from serving.sim.control.eval.observe import RoleChangeObserver, job_finished
+from serving.sim.experiments.observe import RoleChangeObserver, job_finished
 from serving.sim.instance import Job
 from serving.traces import Trace
 
@@ -109,8 +109,8 @@ def test_role_changes_under_load_drop_no_request() -> None:
 
 
 def test_final_split_follows_the_role_changes() -> None:
-    from serving.sim.control.eval.run import run_policy
-    from serving.sim.control.eval.scenario import Scenario
+    from serving.sim.experiments.run import run_policy
+    from serving.sim.experiments.scenario import Scenario
 
     policy = Scripted({2.0: {"prefill-0": D}, 4.0: {"decode-0": P, "decode-1": P}})
     out = run_policy(Scenario("azure_conv", 4, 6.0), (2, 2), 2.0, policy)

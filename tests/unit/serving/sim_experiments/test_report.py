@@ -10,8 +10,9 @@ import pytest
 
 from controlplane.policies.planner import SLOTargets
 from serving.sim.cluster import SimPolicy
-from serving.sim.control.eval.contenders import Combined, baseline_contenders
-from serving.sim.control.eval.experiments import (
+from serving.sim.control.planner import PlannerPolicy
+from serving.sim.experiments.contenders import Combined, baseline_contenders
+from serving.sim.experiments.experiments import (
     Capacity,
     OverloadCell,
     ShiftOutcome,
@@ -22,12 +23,11 @@ from serving.sim.control.eval.experiments import (
     stability,
     workload_shift,
 )
-from serving.sim.control.eval.ours import OURS, control_contenders
-from serving.sim.control.eval.plots import write_plots
-from serving.sim.control.eval.report import overload_table, shift_table, stability_table
-from serving.sim.control.eval.run import run_policy
-from serving.sim.control.eval.scenario import Scenario
-from serving.sim.control.planner import PlannerPolicy
+from serving.sim.experiments.ours import OURS, control_contenders
+from serving.sim.experiments.plots import write_plots
+from serving.sim.experiments.report import overload_table, shift_table, stability_table
+from serving.sim.experiments.run import run_policy
+from serving.sim.experiments.scenario import Scenario
 
 SCENARIO = Scenario("azure_conv", 3, 8.0)
 

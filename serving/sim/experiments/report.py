@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from serving.sim.control.eval.experiments import (
+from serving.sim.experiments.experiments import (
     Capacity,
     OverloadCell,
     ShiftOutcome,

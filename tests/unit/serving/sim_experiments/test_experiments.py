@@ -10,15 +10,15 @@ import pytest
 from exporters.fleet import PoolRole
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
 from serving.sim.cluster import ClusterSnapshot
-from serving.sim.control.eval.contenders import Combined, Contender, baseline_contenders
-from serving.sim.control.eval.experiments import (
+from serving.sim.experiments.contenders import Combined, Contender, baseline_contenders
+from serving.sim.experiments.experiments import (
     Capacity,
     capacity,
     overload,
     stability,
     workload_shift,
 )
-from serving.sim.control.eval.scenario import Scenario
+from serving.sim.experiments.scenario import Scenario
 
 SCENARIO = Scenario("azure_conv", 3, 12.0)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.sim.control.eval.knee import find_knee
+from serving.sim.experiments.knee import find_knee
 
 
 def step(at: float, high: float = 1.0, low: float = 0.5) -> Callable[[float], float]:

@@ -8,11 +8,11 @@ import json
 import numpy as np
 
 from serving.sim import LatencyModel, get_profile, profile_names
-from serving.sim.calibration import MEASURED_SOURCES, REPO_ROOT, fit_measured
+from serving.sim.calibration.fit import MEASURED_SOURCES, REPO_ROOT, fit_measured
+from serving.sim.calibration.measure_cpu import rows_from_samples
+from serving.sim.calibration.profiles import format_step_csv, read_step_csv
 from serving.sim.cluster.spec import parse_cluster
-from serving.sim.measure_cpu import rows_from_samples
 from serving.sim.models import get_model
-from serving.sim.profiles import format_step_csv, read_step_csv
 
 NAME = "cpu-tiny-llama"
 CSV = REPO_ROOT / "serving" / "sim" / "data" / "cpu-tiny-llama.csv"

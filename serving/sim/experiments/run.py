@@ -23,8 +23,8 @@ from exporters.fleet import PoolRole
 from exporters.records import RecordBatch, Status
 from exporters.slo import judge
 from serving.sim.cluster import NoControl, SimPolicy, Simulator, Workload, build_workload
-from serving.sim.control.eval.observe import RoleChange, RoleChangeObserver
-from serving.sim.control.eval.scenario import Scenario, cached_trace
+from serving.sim.experiments.observe import RoleChange, RoleChangeObserver
+from serving.sim.experiments.scenario import Scenario, cached_trace
 
 __all__ = ["RunOutcome", "WindowStats", "run_policy", "scenario_workload"]
 

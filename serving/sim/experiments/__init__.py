@@ -13,8 +13,8 @@
 See docs/experiments/control.md; ``benchmarks/control_eval.py`` runs it all.
 """
 
-from serving.sim.control.eval.contenders import Combined, Contender, baseline_contenders
-from serving.sim.control.eval.experiments import (
+from serving.sim.experiments.contenders import Combined, Contender, baseline_contenders
+from serving.sim.experiments.experiments import (
     Capacity,
     OverloadCell,
     ShiftOutcome,
@@ -25,12 +25,12 @@ from serving.sim.control.eval.experiments import (
     stability,
     workload_shift,
 )
-from serving.sim.control.eval.knee import Knee, find_knee
-from serving.sim.control.eval.observe import RoleChange, RoleChangeObserver
-from serving.sim.control.eval.ours import OURS, control_contenders
-from serving.sim.control.eval.run import RunOutcome, WindowStats, run_policy
-from serving.sim.control.eval.scenario import TRACE_SLOS, Scenario
-from serving.sim.control.eval.shift import recovery_s, shift_inputs
+from serving.sim.experiments.knee import Knee, find_knee
+from serving.sim.experiments.observe import RoleChange, RoleChangeObserver
+from serving.sim.experiments.ours import OURS, control_contenders
+from serving.sim.experiments.run import RunOutcome, WindowStats, run_policy
+from serving.sim.experiments.scenario import TRACE_SLOS, Scenario
+from serving.sim.experiments.shift import recovery_s, shift_inputs
 
 __all__ = [
     "OURS",
