@@ -36,8 +36,9 @@ ENGINE ?= vllm
 demo: install
 	$(BIN)/python -m goodput demo --engine $(ENGINE) $(if $(DURATION),--duration $(DURATION))
 
-# All tiers (unit, integration, e2e); the ones needing vLLM or a browser skip themselves
-# only when their extra is not installed, and say so.
+# All tiers (unit, integration, faults, e2e); the ones needing vLLM or a browser skip
+# themselves only when their extra is not installed, and say so. tests/faults (marker
+# `faults`: kill -9, database outage, stalled control plane, decoder fuzzing) takes ~4 min.
 test: install
 	bash scripts/ensure_services.sh
 	$(BIN)/pytest -q
@@ -48,7 +49,7 @@ test-crosscheck: install
 	$(BIN)/pytest -q $(CROSSCHECK)
 
 test-unit: install
-	$(BIN)/pytest -q -m "not integration and not e2e and not vllm and not browser"
+	$(BIN)/pytest -q -m "not integration and not e2e and not vllm and not browser and not faults"
 
 lint: install
 	$(BIN)/ruff check .
