@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from goodput._demo_processes import ChildProcess, DemoError, pick_port, run_cli, signals_set
+from goodput.demo_prometheus import demo_monitoring
 
 if TYPE_CHECKING:
     import httpx
@@ -236,16 +237,21 @@ def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
                 SUMMARY_HEADER,
             ):
                 say(line)
-            return _replay(
-                options,
-                setup,
-                schedule=schedule,
-                trace=trace,
-                client=client,
-                server=server,
-                stop=stop,
+            with demo_monitoring(
+                options.directory.resolve() / "monitoring", control_plane_url=base_url,
+                viewer_key=setup.viewer_key, targets={"controlplane": f"{options.host}:{port}"},
                 say=say,
-            )
+            ):  # fmt: skip
+                return _replay(
+                    options,
+                    setup,
+                    schedule=schedule,
+                    trace=trace,
+                    client=client,
+                    server=server,
+                    stop=stop,
+                    say=say,
+                )
     finally:
         server.stop()
 

@@ -11,22 +11,37 @@ Example::
     with start_monitoring(tmp, targets={"controlplane": "127.0.0.1:8000"},
                           rules=rule_file, webhook_url="http://127.0.0.1:9999/") as mon:
         print(mon.prometheus_url, mon.alertmanager_url)
+
+:func:`demo_monitoring` is what ``goodput demo`` uses: where the binaries are installed, the
+rules from the control plane's API, both processes, and a webhook receiver that prints each
+alert as it fires and resolves; where they are not, one line saying how to get them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
-from goodput._demo_processes import ChildProcess, pick_port
+from goodput._demo_processes import ChildProcess, DemoError, pick_port
 
-__all__ = ["ALERTMANAGER_BINARY", "Monitoring", "missing_binaries", "start_monitoring"]
+__all__ = [
+    "ALERTMANAGER_BINARY",
+    "INSTALL_HINT",
+    "Monitoring",
+    "alert_line",
+    "demo_monitoring",
+    "missing_binaries",
+    "start_monitoring",
+]
 
 HOST = "127.0.0.1"
 PROMETHEUS_BINARY = "prometheus"
@@ -143,3 +158,112 @@ def start_monitoring(
         yield monitoring
     finally:
         monitoring.stop()
+
+
+def alert_line(alert: Mapping[str, object]) -> str:
+    """One line for an alert of an Alertmanager webhook message."""
+    labels = alert.get("labels") or {}
+    annotations = alert.get("annotations") or {}
+    assert isinstance(labels, dict) and isinstance(annotations, dict)
+    where = " ".join(
+        f"{key}={labels[key]}"
+        for key in ("slo", "sli", "severity", "long", "short", "instance")
+        if key in labels
+    )
+    summary = annotations.get("summary", "")
+    return f"alert {alert.get('status', '?')}: {labels.get('alertname', '?')} {where}: {summary}"
+
+
+def _alert_receiver(say: Callable[[str], None]) -> ThreadingHTTPServer:
+    """A webhook receiver on loopback that says each alert once per status change."""
+    seen: set[tuple[str, str]] = set()
+    lock = threading.Lock()
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(200)
+            self.end_headers()
+            try:
+                alerts = json.loads(body).get("alerts", [])
+            except ValueError:
+                return
+            for alert in alerts:
+                key = (str(alert.get("fingerprint")), str(alert.get("status")))
+                with lock:
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                say(f"goodput demo: {alert_line(alert)}")
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer((HOST, 0), Receiver)
+    threading.Thread(target=server.serve_forever, name="goodput-demo-alerts", daemon=True).start()
+    return server
+
+
+@contextlib.contextmanager
+def demo_monitoring(
+    directory: Path,
+    *,
+    control_plane_url: str,
+    viewer_key: str,
+    targets: Mapping[str, str],
+    say: Callable[[str], None],
+    interval_s: float = 5.0,
+) -> Iterator[Monitoring | None]:
+    """Prometheus and Alertmanager for a demo run, or ``None`` (and a line saying how to get
+    them) where they are not installed or do not start: the demo runs either way.
+
+    Prometheus loads the control plane's rule file (``GET /api/v1/prometheus/rules``) and
+    scrapes ``targets`` (job → ``host:port``) every ``interval_s``; each alert that fires
+    or resolves is said as it reaches the webhook receiver served here."""
+    import httpx
+
+    missing = missing_binaries()
+    if missing:
+        say(f"goodput demo: no Prometheus or Alertmanager ({', '.join(missing)} not found); "
+            f"{INSTALL_HINT}")  # fmt: skip
+        yield None
+        return
+    try:
+        response = httpx.get(
+            f"{control_plane_url}/api/v1/prometheus/rules",
+            headers={"Authorization": f"Bearer {viewer_key}"},
+            timeout=30.0,
+        )
+    except httpx.HTTPError as exc:
+        say(f"goodput demo: no Prometheus: reading the rules failed ({exc})")
+        yield None
+        return
+    if response.status_code != 200:
+        say(f"goodput demo: no Prometheus: the rules answered HTTP {response.status_code}")
+        yield None
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    rules = directory / "goodput.rules.yaml"
+    rules.write_text(response.text, encoding="utf-8")
+    receiver = _alert_receiver(say)
+    webhook_url = f"http://{HOST}:{receiver.server_address[1]}/"
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                monitoring = stack.enter_context(
+                    start_monitoring(
+                        directory, targets=targets, rules=rules, webhook_url=webhook_url,
+                        interval_s=interval_s,
+                    )
+                )  # fmt: skip
+            except DemoError as exc:
+                say(f"goodput demo: Prometheus or Alertmanager did not start: {exc}")
+                monitoring = None
+            if monitoring is not None:
+                say(f"Prometheus: {monitoring.prometheus_url}/alerts (rules {rules}; scrapes "
+                    f"{', '.join(targets)} every {interval_s:g} s)")  # fmt: skip
+                say(f"Alertmanager: {monitoring.alertmanager_url} (alerts are printed here too)")
+            yield monitoring
+    finally:
+        receiver.shutdown()
+        receiver.server_close()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from goodput._demo_processes import ChildProcess, DemoError, pick_port, run_cli, signals_set
+from goodput.demo_prometheus import demo_monitoring
 
 __all__ = ["SERVED_MODEL", "StackOptions", "run_demo_stack"]
 
@@ -219,10 +220,16 @@ def _run(
         HEADER,
     ):
         say(line)
-    return _replay(
-        options, gateway_url=gateway_url, cp_url=cp_url, keys=keys, children=children,
-        stop=stop, say=say, directory=directory,
-    )  # fmt: skip
+    scraped = {"controlplane": cp_url, "gateway": gateway_url}
+    scraped.update((role, url) for role, (url, _) in workers.items())
+    with demo_monitoring(
+        directory / "monitoring", control_plane_url=cp_url, viewer_key=keys.viewer,
+        targets={job: url.removeprefix("http://") for job, url in scraped.items()}, say=say,
+    ):  # fmt: skip
+        return _replay(
+            options, gateway_url=gateway_url, cp_url=cp_url, keys=keys, children=children,
+            stop=stop, say=say, directory=directory,
+        )  # fmt: skip
 
 
 def _replay(
