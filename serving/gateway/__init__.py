@@ -19,7 +19,8 @@ from serving.gateway.routing import (
     affinity_key,
     choose,
 )
-from serving.gateway.service import Gateway, create_app
+from serving.gateway.service import create_app
+from serving.gateway.state import Gateway
 
 __all__ = [
     "ADMIT",

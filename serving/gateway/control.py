@@ -59,7 +59,7 @@ from exporters.sinks import InMemorySink, RecordSink
 
 if TYPE_CHECKING:
     from serving.gateway.config import GatewayConfig
-    from serving.gateway.service import Gateway
+    from serving.gateway.state import Gateway
 
 __all__ = ["ControlPlaneLink", "records_sink"]
 

@@ -53,7 +53,7 @@ from serving.gateway.routing import InstanceState, NoInstanceError, RouteDecisio
 from serving.gateway.sse import DONE_EVENT, EventSplitter, StreamAccounting, error_event
 
 if TYPE_CHECKING:
-    from serving.gateway.service import Gateway
+    from serving.gateway.state import Gateway
 
 __all__ = ["RelayResponse"]
 

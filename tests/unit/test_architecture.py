@@ -1,7 +1,9 @@
 """The import rules of docs/architecture.md, read from the source with ``ast`` (nothing is
 imported): serving and the control plane meet only through exporters; the simulator is the
 one part of serving that imports the control plane, and only its pure core; that core
-imports no web framework, database or network client."""
+imports no web framework, database or network client; and no module imports itself through
+others (no import circle, not even one that only type checking or a function-level import
+closes)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ IMPURE = (
 class Import:
     path: str  # the importing file, relative to the repository
     line: int
-    module: str  # absolute dotted name
+    module: str  # absolute dotted name (``from a import b``: ``a.b``)
 
 
 def _module_name(path: Path) -> str:
@@ -68,7 +70,63 @@ def _imports(folder: str) -> Iterator[Import]:
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
-                yield Import(relative, node.lineno, base)
+                for alias in node.names:  # a name, or a submodule, of ``base``
+                    yield Import(relative, node.lineno, f"{base}.{alias.name}")
+
+
+def _graph(folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module → the modules of ``folders`` it imports (a name imported from a package counts
+    as its submodule when there is one)."""
+    modules: dict[str, Path] = {}
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            modules[_module_name(path)] = path
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for folder in folders:
+        for found in _imports(folder):
+            module = _module_name(ROOT / found.path)
+            target = owner(found.module)
+            if target is not None and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
 
 
 def _within(module: str, prefixes: tuple[str, ...]) -> bool:
@@ -115,8 +173,18 @@ def test_the_pure_core_imports_no_other_part_of_the_control_plane(folder: str) -
     assert _broken(folder, ("controlplane",), allowed=("controlplane.goodput", *PURE_CORE)) == []
 
 
+def test_no_import_circle() -> None:
+    packages = ("exporters", "controlplane", "serving", "goodput", "dashboards")
+    assert _cycles(_graph(packages)) == []
+
+
+def test_a_circle_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
 def test_the_rules_see_nested_imports() -> None:
     """The reader resolves what the rules are checked against."""
     found = {i.module for i in _imports("serving/sim/cluster")}
-    assert "controlplane.goodput.engine" in found
-    assert "serving.sim.cluster.policy" in found
+    assert "controlplane.goodput.engine.GoodputEngine" in found
+    assert "serving.sim.cluster.policy.ClusterSnapshot" in found
