@@ -65,6 +65,7 @@ from controlplane.console import mount_console
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
 from controlplane.live import LiveGoodput, app_registry
+from controlplane.otlp_grpc import otlp_grpc_lifespan
 from controlplane.planner_runtime import planner_lifespan
 from controlplane.schemas.common import ERROR_RESPONSES, responses
 from controlplane.settings import Settings
@@ -102,7 +103,13 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
         try:
             async with AsyncExitStack() as stack:
                 # The live goodput engine first: later lifespans may use app.state.live.
-                for extra in (live_lifespan, planner_lifespan, admission_lifespan, *lifespans):
+                for extra in (
+                    live_lifespan,
+                    otlp_grpc_lifespan,
+                    planner_lifespan,
+                    admission_lifespan,
+                    *lifespans,
+                ):
                     await stack.enter_async_context(extra(app))
                 yield
         finally:

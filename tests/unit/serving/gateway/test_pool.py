@@ -30,8 +30,8 @@ def test_fleet_members_join_update_static_and_leave() -> None:
         member("http://b:1", role="prefill"),
         member("http://c:1", state="starting"),
         member("http://d:1", stale=True),
-        {"kind": "gateway", "endpoint": "http://gw:1"},
-        {"kind": "worker", "endpoint": "nonsense"},
+        member("http://gw:1", kind="gateway"),
+        member("nonsense"),
     ])  # fmt: skip
     by_id = {s.id: s for s in pool.states()}
     assert set(by_id) == {"http://a:1", "http://b:1", "http://c:1", "http://d:1"}
