@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
+    ``otlp_grpc_port`` / ``otlp_grpc_host``: the OTLP/gRPC trace receiver's address (off
+    unless the port is set: 4317 is OTLP's; 0 picks a free one; the host defaults to
+    ``host``).
     ``planner_*``: the PD planner tick (on by default, every ``planner_interval_s``), its
     demand window, hysteresis, dwell time, moves per tick, and its role moves' command
     validity, drain timeout and when their effect is observed (docs/planner.md).
@@ -89,6 +92,9 @@ class Settings(BaseSettings):
     wal_dir: str | None = None
     wal_fsync: bool = True
     database_retry_max_s: float = Field(default=30.0, gt=0)
+    # OTLP/gRPC trace receiver (docs/ingest.md); None: off. Needs grpcio (the grpc extra).
+    otlp_grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    otlp_grpc_host: str | None = None
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
     # The PD planner tick (docs/planner.md).
