@@ -234,7 +234,6 @@ def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
                 f"{base_url}/api/v1/goodput/stream",
                 ("" if options.duration_s is None else f"Runs for {options.duration_s:g} s; ")
                 + "Ctrl-C stops it.",
-                SUMMARY_HEADER,
             ):
                 say(line)
             with demo_monitoring(
@@ -242,6 +241,7 @@ def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
                 viewer_key=setup.viewer_key, targets={"controlplane": f"{options.host}:{port}"},
                 say=say,
             ):  # fmt: skip
+                say(SUMMARY_HEADER)
                 return _replay(
                     options,
                     setup,

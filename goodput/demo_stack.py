@@ -217,7 +217,6 @@ def _run(
         f"  gateway metrics: curl -s {gateway_url}/metrics",
         ("" if options.duration_s is None else f"Runs for {options.duration_s:g} s; ")
         + "Ctrl-C stops it.",
-        HEADER,
     ):
         say(line)
     scraped = {"controlplane": cp_url, "gateway": gateway_url}
@@ -226,6 +225,7 @@ def _run(
         directory / "monitoring", control_plane_url=cp_url, viewer_key=keys.viewer,
         targets={job: url.removeprefix("http://") for job, url in scraped.items()}, say=say,
     ):  # fmt: skip
+        say(HEADER)
         return _replay(
             options, gateway_url=gateway_url, cp_url=cp_url, keys=keys, children=children,
             stop=stop, say=say, directory=directory,
