@@ -13,8 +13,9 @@ once (design, checkpoint and costs: ``docs/goodput-engine.md``, *Durability*).
   last entry (a crash mid-write) fails its length or CRC and ends the replay of its segment;
   it was never acknowledged.
 * **Group commit.** :meth:`append` writes under the caller's lock; :meth:`sync` waits,
-  outside it, for an ``fsync`` covering the entry. Concurrent requests share one ``fsync``:
-  a request that finds a sync running waits for it, and is usually covered by it.
+  outside it, for an ``fsync`` covering the entry (``fdatasync``: the data and the file's
+  size, not its times). Concurrent requests share one: a request that finds a sync running
+  waits for it, and is usually covered by it.
 * **Fail-stop.** A failed write or ``fsync`` leaves the log :attr:`failed`: nothing more is
   acknowledged (ingest answers 503) until the process restarts and replays.
 * **One owner.** An exclusive ``flock`` on the folder's lock file: a second process that
@@ -185,7 +186,7 @@ class WriteAheadLog:
             with self._append_lock:
                 target, fd = self._written, self._fd
             try:
-                os.fsync(fd)
+                os.fdatasync(fd)
             except OSError as exc:
                 raise self._fail(exc) from None
             self._synced = target
@@ -196,7 +197,7 @@ class WriteAheadLog:
         Returns the number of the sealed segment."""
         with self._sync_lock, self._append_lock:
             if self.fsync:
-                os.fsync(self._fd)
+                os.fdatasync(self._fd)
             os.close(self._fd)
             sealed = self.current
             self.sealed.append(sealed)
