@@ -31,10 +31,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -198,33 +198,53 @@ def compute_summary(engine: GoodputEngine, now: float) -> list[SummaryRow]:
     return build_rows(engine.slos, by_window, sparklines(engine, now))
 
 
+#: A computation's time and the rows a filter admits, each with its JSON.
+_Rows = tuple[float, list[tuple[SummaryRow, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Computed:
+    """One computation: when (monotonic and engine time), the rows, each row's JSON."""
+
+    at_ts: float
+    time: float
+    rows: list[SummaryRow]
+    encoded: list[str]
+
+    def admitted(self, where: SummaryFilter) -> list[tuple[SummaryRow, str]]:
+        return [(r, e) for r, e in zip(self.rows, self.encoded, strict=True) if where.admits(r)]
+
+
+def _compute(engine: GoodputEngine, now: float) -> _Computed:
+    rows = compute_summary(engine, now)
+    return _Computed(time.monotonic(), now, rows, [r.model_dump_json() for r in rows])
+
+
 class _SharedSummary:
-    """The rows of every SLO, computed at most once per ``max_age_s`` however many requests
-    and streams read them (each then keeps the rows its filter admits). The last
-    ``KEPT_COMPUTATIONS`` are kept by time, so that a stream can start from the rows a
+    """The rows of every SLO, computed (and encoded as JSON) at most once per ``max_age_s``
+    however many requests and streams read them; each keeps the rows its filter admits. The
+    last ``KEPT_COMPUTATIONS`` are kept by time, so that a stream can start from the rows a
     client already has (:meth:`at`)."""
 
     def __init__(self, live: LiveGoodput) -> None:
         self.live = live
-        self._recent: deque[tuple[float, float, list[SummaryRow]]] = deque(maxlen=KEPT_COMPUTATIONS)
+        self._recent: deque[_Computed] = deque(maxlen=KEPT_COMPUTATIONS)
         self._lock = asyncio.Lock()
 
-    async def rows(self, where: SummaryFilter, max_age_s: float) -> tuple[float, list[SummaryRow]]:
+    async def rows(self, where: SummaryFilter, max_age_s: float) -> _Rows:
         async with self._lock:
             latest = self._recent[-1] if self._recent else None
-            if latest is None or time.monotonic() - latest[0] >= max_age_s:
-                now = self.live.clock()
-                rows = await run_in_threadpool(compute_summary, self.live.engine, now)
-                latest = (time.monotonic(), now, rows)
+            if latest is None or time.monotonic() - latest.at_ts >= max_age_s:
+                latest = await run_in_threadpool(_compute, self.live.engine, self.live.clock())
                 self._recent.append(latest)
-        return latest[1], [r for r in latest[2] if where.admits(r)]
+        return latest.time, latest.admitted(where)
 
-    def at(self, computed_time: float, where: SummaryFilter) -> list[SummaryRow] | None:
+    def at(self, computed_time: float, where: SummaryFilter) -> list[tuple[SummaryRow, str]] | None:
         """The rows ``where`` admits of the computation at ``computed_time`` (the ``time``
         of an answer or the ``id`` of an event), or ``None`` when it is no longer kept."""
-        for _, when, rows in self._recent:
-            if when == computed_time:
-                return [r for r in rows if where.admits(r)]
+        for computed in self._recent:
+            if computed.time == computed_time:
+                return computed.admitted(where)
         return None
 
 
@@ -252,14 +272,14 @@ def summary_filter(
 SummaryFilterDep = Annotated[SummaryFilter, Depends(summary_filter)]
 
 
-@router.get("/goodput/summary")
-async def goodput_summary(
-    where: SummaryFilterDep, live: LiveDep, request: Request
-) -> GoodputSummaryPublic:
+@router.get("/goodput/summary", response_model=GoodputSummaryPublic)
+async def goodput_summary(where: SummaryFilterDep, live: LiveDep, request: Request) -> Response:
     """Every visible SLO's overview row, most burning first (see the module)."""
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
     now, rows = await _shared(request, live).rows(where, max_age_s=interval_s)
-    return GoodputSummaryPublic(time=now, data=rows, count=len(rows))
+    data = ",".join(e for _, e in rows)  # each row encoded once per computation
+    body = f'{{"time":{json.dumps(now)},"data":[{data}],"count":{len(rows)}}}'
+    return Response(body, media_type="application/json")
 
 
 def _as_time(value: str | None) -> float | None:
@@ -270,9 +290,11 @@ def _as_time(value: str | None) -> float | None:
     return parsed if parsed is not None and math.isfinite(parsed) else None
 
 
-def _event(payload: dict[str, Any]) -> str:
-    data = json.dumps(payload, separators=(",", ":"))
-    return f"id: {payload['time']!r}\nevent: summary\ndata: {data}\n\n"
+def _event(now: float, changed: list[str], full: bool, order: list[str] | None) -> str:
+    ordered = "" if order is None else f',"order":{json.dumps(order, separators=(",", ":"))}'
+    rows = ",".join(changed)  # each row encoded once per computation
+    data = f'{{"time":{json.dumps(now)},"rows":[{rows}],"full":{json.dumps(full)}{ordered}}}'
+    return f"id: {now!r}\nevent: summary\ndata: {data}\n\n"
 
 
 async def _summary_events(
@@ -280,21 +302,16 @@ async def _summary_events(
 ) -> AsyncIterator[str]:
     yield f"retry: {int(interval_s * 3000)}\n\n"
     known = None if since is None else shared.at(since, where)
-    sent: dict[str, dict[str, Any]] = {}
-    if known is not None:
-        sent = {r.slo_id: r.model_dump(mode="json") for r in known}
+    sent = {r.slo_id: e for r, e in known or []}
     order = list(sent)
     full = known is None
     while not shared.live.stopping.is_set():
         now, rows = await shared.rows(where, max_age_s=interval_s / 2)
-        dumped = {r.slo_id: r.model_dump(mode="json") for r in rows}
-        changed = [row for slo_id, row in dumped.items() if sent.get(slo_id) != row]
-        new_order = list(dumped)
-        payload: dict[str, Any] = {"time": now, "rows": changed, "full": full}
-        if new_order != order or full:
-            payload["order"] = new_order
-        sent, order, full = dumped, new_order, False
-        yield _event(payload)
+        encoded = {r.slo_id: e for r, e in rows}
+        changed = [e for slo_id, e in encoded.items() if sent.get(slo_id) != e]
+        new_order = list(encoded)
+        yield _event(now, changed, full, new_order if full or new_order != order else None)
+        sent, order, full = encoded, new_order, False
         try:
             await asyncio.wait_for(shared.live.stopping.wait(), timeout=interval_s)
         except TimeoutError:
