@@ -152,6 +152,16 @@ def _judge(recs: list[RequestRecord], objs: list[Objective]) -> Verdicts:
     return judge(RecordBatch.from_records(recs), objs)
 
 
+# One objective per metric and ITL statistic, all at 1 ms.
+EVERY_METRIC_1MS = [
+    Objective(Metric.TTFT, 0.001),
+    Objective(Metric.TPOT, 0.001),
+    Objective(Metric.ITL, 0.001),
+    Objective(Metric.ITL, 0.001, "p99"),
+    Objective(Metric.E2EL, 0.001),
+]
+
+
 def test_thresholds_are_inclusive() -> None:
     verdicts = _judge(
         [_rec([200_000, 250_000]), _rec([200_001, 250_000])], [Objective(Metric.TTFT, 0.2)]
@@ -161,13 +171,7 @@ def test_thresholds_are_inclusive() -> None:
 
 
 def test_undefined_metrics_are_met() -> None:
-    objs = [
-        Objective(Metric.TTFT, 0.001),
-        Objective(Metric.TPOT, 0.001),
-        Objective(Metric.ITL, 0.001),
-        Objective(Metric.ITL, 0.001, "p99"),
-        Objective(Metric.E2EL, 0.001),
-    ]
+    objs = EVERY_METRIC_1MS
     one_token = _rec([500])  # TPOT and ITL undefined; TTFT/E2EL = 0.5 ms
     one_chunk = _rec([500], tokens=[4])  # one chunk of 4: no gap, TPOT 0
     summary_one = _rec([500], detail=TokenDetail.SUMMARY)  # one token: no gap to carry
@@ -178,13 +182,7 @@ def test_undefined_metrics_are_met() -> None:
 
 
 def test_metrics_a_record_does_not_carry_are_unmeasured() -> None:
-    objs = [
-        Objective(Metric.TTFT, 0.001),
-        Objective(Metric.TPOT, 0.001),
-        Objective(Metric.ITL, 0.001),
-        Objective(Metric.ITL, 0.001, "p99"),
-        Objective(Metric.E2EL, 0.001),
-    ]
+    objs = EVERY_METRIC_1MS
     summary = _rec([500, 900], tokens=[1, 1], detail=TokenDetail.SUMMARY)  # gaps not carried
     slow_summary = _rec([500, 9_000], tokens=[1, 2], detail=TokenDetail.SUMMARY)
     nothing = _rec([])  # OK without a token or a finish time: E2EL not carried
