@@ -36,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -47,7 +46,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from exporters._valid_batch import InvalidRecordLog, valid_batch
+from exporters._fold import RecordFolder
 from exporters.buckets import LATENCY_BUCKETS_S, validate_buckets
 from exporters.latency import RequestLatencies, request_latencies
 from exporters.records import Phase, RecordBatch, RequestRecord, Status, Vantage
@@ -86,14 +85,15 @@ class OTelExporter:
         max_delay_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if fold_every < 1:
-            raise ValueError(f"fold_every must be >= 1, got {fold_every}")
-        if not max_delay_s >= 0:
-            raise ValueError(f"max_delay_s must be >= 0, got {max_delay_s}")
         bounds = list(validate_buckets(list(buckets)))
-        self.fold_every = fold_every
-        self.max_delay_s = max_delay_s
-        self._clock = clock
+        self._folder = RecordFolder(
+            self._record,
+            destination="OpenTelemetry metrics",
+            logger=logger,
+            fold_every=fold_every,
+            max_delay_s=max_delay_s,
+            clock=clock,
+        )
         self._meter_provider = meter_provider
         self._tracer_provider = tracer_provider
         self._base: Attributes = {
@@ -128,37 +128,28 @@ class OTelExporter:
             description="Internal: folds pending request records before each collection.",
         )
         self._tracer = None if tracer_provider is None else tracer_provider.get_tracer(_SCOPE)
-        self._lock = threading.Lock()  # guards _pending, held for an append
-        self._fold_lock = threading.Lock()  # one fold at a time
-        self._pending: list[RequestRecord] = []
-        self._oldest = 0.0
-        self._closed = False
         self._attrs: dict[tuple[str, int, int], Attributes] = {}
-        self._invalid = InvalidRecordLog("OpenTelemetry metrics", logger)
 
     # -- RecordSink --
 
     def export(self, record: RequestRecord) -> None:
-        if not record.final:
-            return
-        now = self._clock()
-        with self._lock:
-            if self._closed:
-                return
-            if not self._pending:
-                self._oldest = now
-            self._pending.append(record)
-            due = len(self._pending) >= self.fold_every or now - self._oldest >= self.max_delay_s
-        if due:
-            self._fold_safely()
+        self._folder.export(record)
+
+    @property
+    def fold_every(self) -> int:
+        return self._folder.fold_every
+
+    @property
+    def max_delay_s(self) -> float:
+        return self._folder.max_delay_s
 
     @property
     def num_invalid_records(self) -> int:
         """Records left out because they did not validate (the first one is logged)."""
-        return self._invalid.count
+        return self._folder.num_invalid_records
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
-        self._fold_safely()
+        self._folder.fold()
         ok = True
         for provider in (self._meter_provider, self._tracer_provider):
             flush = getattr(provider, "force_flush", None)
@@ -167,34 +158,19 @@ class OTelExporter:
         return ok
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        with self._lock:
-            self._closed = True
-        self._fold_safely()
+        self._folder.close()
 
     # -- folding --
 
     def _before_collect(self, options: CallbackOptions) -> Iterable[Observation]:
-        self._fold_safely()
+        self._folder.fold()
         return ()
 
-    def _fold_safely(self) -> None:
-        try:
-            self._fold()
-        except Exception:  # telemetry must not break serving or a collection
-            logger.exception("recording request records into OpenTelemetry failed")
-
-    def _fold(self) -> None:
-        with self._fold_lock:
-            with self._lock:
-                records, self._pending = self._pending, []
-            if not records:
-                return
-            batch = valid_batch(records, self._invalid)
-            if len(batch):
-                lat = request_latencies(batch, validate=False)
-                self._record_metrics(batch, lat)
-                if self._tracer is not None:
-                    self._emit_spans(batch, lat)
+    def _record(self, batch: RecordBatch) -> None:
+        lat = request_latencies(batch, validate=False)
+        self._record_metrics(batch, lat)
+        if self._tracer is not None:
+            self._emit_spans(batch, lat)
 
     def _attributes(self, model: str, vantage: int, status: int) -> Attributes:
         """Per label set, built once: the SDK keys its series by these attribute sets."""

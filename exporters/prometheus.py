@@ -36,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -50,7 +49,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from exporters._valid_batch import InvalidRecordLog, valid_batch
+from exporters._fold import RecordFolder
 from exporters.buckets import LATENCY_BUCKETS_S, bucket_counts, validate_buckets
 from exporters.latency import itl_gaps_s, request_latencies
 from exporters.records import RecordBatch, RequestRecord, Status, Vantage
@@ -95,21 +94,17 @@ class PrometheusExporter(Collector):
     ) -> None:
         if max_label_sets < 1:
             raise ValueError(f"max_label_sets must be >= 1, got {max_label_sets}")
-        if fold_every < 1:
-            raise ValueError(f"fold_every must be >= 1, got {fold_every}")
         self.buckets = validate_buckets(list(buckets))
         self._bounds: F64 = np.asarray(self.buckets, dtype=np.float64)
         self._le = [*(_go_float(b) for b in self.buckets), "+Inf"]
         self.slo_label = slo_label
         self.label_names = ("model", "vantage", "slo") if slo_label else ("model", "vantage")
         self.max_label_sets = max_label_sets
-        self.fold_every = fold_every
         self.num_overflow_records = 0
-
-        self._lock = threading.Lock()  # guards _pending (held for an append)
-        self._fold_lock = threading.Lock()  # guards everything below
-        self._pending: list[RequestRecord] = []
-        self._closed = False
+        # Its lock guards everything below.
+        self._folder = RecordFolder(
+            self._add, destination="Prometheus metrics", logger=logger, fold_every=fold_every
+        )
         self._groups: dict[tuple[str, ...], int] = {}
         width = len(self.buckets) + 1
         self._counts = [np.zeros((0, width), dtype=np.int64) for _ in _HISTOGRAMS]
@@ -117,36 +112,29 @@ class PrometheusExporter(Collector):
         self._requests = np.zeros((0, len(_STATUSES)), dtype=np.int64)
         self._output_tokens = np.zeros(0, dtype=np.int64)
         self._prompt_tokens = np.zeros(0, dtype=np.int64)
-        self._invalid = InvalidRecordLog("Prometheus metrics", logger)
         registry.register(self)
 
     # -- RecordSink --
 
     def export(self, record: RequestRecord) -> None:
-        if not record.final:
-            return
-        with self._lock:
-            if self._closed:
-                return
-            self._pending.append(record)
-            due = len(self._pending) >= self.fold_every
-        if due:
-            self._fold_safely()
+        self._folder.export(record)
+
+    @property
+    def fold_every(self) -> int:
+        return self._folder.fold_every
 
     @property
     def num_invalid_records(self) -> int:
         """Records left out because they did not validate (the first one is logged)."""
-        return self._invalid.count
+        return self._folder.num_invalid_records
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
-        self._fold_safely()
+        self._folder.fold()
         return True
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Fold what is pending and stop accepting records; the metrics stay scrapeable."""
-        with self._lock:
-            self._closed = True
-        self._fold_safely()
+        self._folder.close()
 
     # -- Collector --
 
@@ -156,8 +144,8 @@ class PrometheusExporter(Collector):
         yield from self._counter_families()
 
     def collect(self) -> Iterator[Metric]:
-        self._fold_safely()
-        with self._fold_lock:  # build under the lock, yield after it
+        self._folder.fold()
+        with self._folder.lock:  # build under the lock, yield after it
             families = self._families()
         yield from families
 
@@ -197,23 +185,7 @@ class PrometheusExporter(Collector):
             ),
         )
 
-    # -- folding --
-
-    def _fold_safely(self) -> None:
-        try:
-            self._fold()
-        except Exception:  # telemetry must not break serving or a scrape
-            logger.exception("folding records into Prometheus histograms failed")
-
-    def _fold(self) -> None:
-        with self._fold_lock:
-            with self._lock:
-                records, self._pending = self._pending, []
-            if not records:
-                return
-            batch = valid_batch(records, self._invalid)
-            if len(batch):
-                self._add(batch)
+    # -- folding (under the folder's lock) --
 
     def _add(self, batch: RecordBatch) -> None:
         groups = self._group_rows(batch)
