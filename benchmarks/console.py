@@ -147,6 +147,10 @@ def browse(url: str, key: str, runs: int, events: int) -> dict[str, float]:
             # A selector, not wait_for_function: the console's CSP forbids eval.
             page.locator("tr[data-slo]").nth(NUM_SLOS - 1).wait_for(state="attached")
             loads.append(page.evaluate("performance.now()"))
+            marks = page.evaluate(
+                "performance.getEntriesByType('mark').map(m => [m.name, Math.round(m.startTime)])"
+            )
+            print(f"load {loads[-1]:.0f} ms, marks {marks}", file=sys.stderr)
             page_bytes = page.evaluate(
                 """() => performance.getEntriesByType('navigation')[0].transferSize +
                    performance.getEntriesByType('resource')

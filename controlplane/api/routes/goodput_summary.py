@@ -18,8 +18,8 @@ every client shows the same.
 Cheap by construction: no latency sketch is read (counts only), the four windows are one
 pass over the engine's counters, the sparklines one read of its per-minute counters, and
 every request and stream shares one computation of all rows per
-``goodput_stream_interval_s`` (1 s): the rows are at most that old, as on the stream, and
-``time`` says when they were computed.
+``goodput_stream_interval_s`` (1 s): the rows are at most two intervals old on the first
+read, one on the stream, and ``time`` says when they were computed.
 """
 
 from __future__ import annotations
@@ -274,9 +274,11 @@ SummaryFilterDep = Annotated[SummaryFilter, Depends(summary_filter)]
 
 @router.get("/goodput/summary", response_model=GoodputSummaryPublic)
 async def goodput_summary(where: SummaryFilterDep, live: LiveDep, request: Request) -> Response:
-    """Every visible SLO's overview row, most burning first (see the module)."""
+    """Every visible SLO's overview row, most burning first (see the module). Rows up to
+    two stream intervals old are served as they are: a page's stream (``since=time``) then
+    brings them up to date with its first event."""
     interval_s: float = request.app.state.settings.goodput_stream_interval_s
-    now, rows = await _shared(request, live).rows(where, max_age_s=interval_s)
+    now, rows = await _shared(request, live).rows(where, max_age_s=2 * interval_s)
     data = ",".join(e for _, e in rows)  # each row encoded once per computation
     body = f'{{"time":{json.dumps(now)},"data":[{data}],"count":{len(rows)}}}'
     return Response(body, media_type="application/json")
