@@ -58,7 +58,7 @@ from controlplane.errors import describe_error
 from controlplane.goodput import GoodputCollector, GoodputEngine, MinuteRollup, SLOSpec
 from controlplane.ingest import Deduplicator, IngestCollector, Ingestor
 from controlplane.ingest.replay import replay
-from controlplane.ingest.wal import WriteAheadLog
+from controlplane.ingest.wal import WalError, WriteAheadLog
 from controlplane.services import rollups as rollup_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
@@ -255,7 +255,17 @@ class LiveGoodput:
         checkpoint = await self._checkpoint() if self._needs_wal() else None
         self._counts["loaded"] += await asyncio.to_thread(self._install, specs, history)
         if checkpoint is not None:  # first load: the log's replay before any ingest
-            await asyncio.to_thread(self._open_wal, checkpoint)
+            try:
+                await asyncio.to_thread(self._open_wal, checkpoint)
+            except WalError as exc:
+                if self.settings.wal_dir:  # a folder set on purpose: a load failure
+                    raise
+                # The default folder is another live process's (on this database and
+                # host): serve everything but ingest, and take the log over once it is
+                # free (its owner gone: its acknowledged records are replayed here).
+                if self.ingestor.refusal is None:
+                    logger.error("ingest refused: %s", exc)
+                self.ingestor.refusal = f"{exc}; ingest goes to the process that owns it"
         self._fingerprint = fingerprint
         self._counts["reloads"] += 1
         if not self._loaded and self._load_error is not None:
@@ -294,7 +304,7 @@ class LiveGoodput:
             dedup=checkpoint.dedup,
         )
         self._counts["wal_replayed_records"] += stats.num_records
-        self.ingestor.wal = wal
+        self.ingestor.wal, self.ingestor.refusal = wal, None
 
     def _install(self, specs: list[SLOSpec], history: list[MinuteRollup]) -> int:
         """The new set and its new SLOs' history, in one worker-thread step."""

@@ -114,6 +114,8 @@ class Ingestor:
         self.dedup = dedup
         #: The write-ahead log (``None``: acknowledgements are not durable).
         self.wal = wal
+        #: Why ingest is refused (503) while the runtime has no log it may write.
+        self.refusal: str | None = None
         self.lock = self._lock = threading.Lock()
         self._counts = _Counts()
         self._warned_stale: set[str] = set()
@@ -149,6 +151,7 @@ class Ingestor:
         the batch is on disk. Raises :class:`StaleBatchError`, :class:`TenantScopeError`,
         :class:`IngestFailedError`.
         """
+        self._check_open()
         check_tenant(batch, tenant)
         with self._lock:
             verdict = self.dedup.check(header.exporter_id, header.seq)
@@ -174,6 +177,7 @@ class Ingestor:
         self, batch: RecordBatch, *, tenant: str | None = None, num_bytes: int = 0
     ) -> IngestOutcome:
         """Apply an OTLP-mapped batch (no sequence numbers, so no de-duplication)."""
+        self._check_open()
         check_tenant(batch, tenant)
         with self._lock:
             outcome, position = self._ingest(batch, "otlp", num_bytes, False, None, body=None)
@@ -187,6 +191,10 @@ class Ingestor:
         with self._lock:
             segment = self.wal.rotate() if self.wal is not None else -1
             return Cut(segment, self.dedup.snapshot(), self.engine.rollups(until_time))
+
+    def _check_open(self) -> None:
+        if self.refusal is not None:
+            raise IngestFailedError(self.refusal)
 
     def _sync(self, position: tuple[int, int] | None) -> None:
         """Wait until the batch's log entry is on disk (outside the lock: group commit)."""
