@@ -400,7 +400,7 @@ def _pd_fleet() -> gd.Dashboard:
         .datasource(DS)
         .enable(True)
         .icon_color("orange")
-        .expr('changes(sum by (role) (goodput_gateway_instances{state="healthy"})[5m:]) > 0')
+        .expr('changes(sum by (role) (goodput_gateway_instances{state="eligible"})[5m:]) > 0')
     )
     board = board.annotation(
         gd.AnnotationQuery()
