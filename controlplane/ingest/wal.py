@@ -76,23 +76,24 @@ class WalSegment:
         self.max_finish_minute = max_finish_minute
 
     def entries(self) -> Iterator[bytes]:
-        """The payloads of the segment's complete entries, in order (a torn tail ends it)."""
-        data = self.path.read_bytes()
+        """The payloads of the segment's complete entries, in order (a torn tail ends it).
+        Streamed: one entry in memory at a time."""
         position = 0
-        while position + _HEADER.size <= len(data):
-            length, crc = _HEADER.unpack_from(data, position)
-            start = position + _HEADER.size
-            payload = data[start : start + length]
-            if length > MAX_ENTRY_BYTES or len(payload) != length or zlib.crc32(payload) != crc:
-                logger.warning(
-                    "write-ahead log %s: torn or corrupt entry at byte %d (an unacknowledged "
-                    "write cut by a crash); the replay of this segment stops there",
-                    self.path.name,
-                    position,
-                )
-                return
-            yield payload
-            position = start + length
+        with self.path.open("rb") as file:
+            while len(header := file.read(_HEADER.size)) == _HEADER.size:
+                length, crc = _HEADER.unpack(header)
+                payload = file.read(length) if length <= MAX_ENTRY_BYTES else b""
+                if len(payload) != length or zlib.crc32(payload) != crc:
+                    logger.warning(
+                        "write-ahead log %s: torn or corrupt entry at byte %d (an "
+                        "unacknowledged write cut by a crash); the replay of this segment "
+                        "stops there",
+                        self.path.name,
+                        position,
+                    )
+                    return
+                yield payload
+                position += _HEADER.size + length
 
 
 class WriteAheadLog:
