@@ -49,7 +49,10 @@ async function load() {
     chart("c-attain", [t, c.attainment_ratio, t.map(() => slo.target)], [{ label: "attainment" }, { label: "target", dash: [4, 4] }], (v) => pct(v));
     chart("c-burn", [t, c.burn_rate_5m, c.burn_rate_1h, c.burn_rate_6h], [{ label: "5 min" }, { label: "1 h" }, { label: "6 h" }]);
     chart("c-budget", [t, c.error_budget_remaining_ratio], [{ label: "budget left", fill: "rgba(31,111,235,.1)" }], (v) => pct(v, 0));
-    document.getElementById("lat-caption").textContent = `Latency p50 / p99 (s), ${slo.vantage} vantage`;
+    // The series has the percentiles of the vantage the SLO judges; the other vantage's
+    // belong to an SLO defined at that vantage.
+    document.getElementById("lat-caption").textContent =
+      `TTFT, TPOT, ITL and E2EL p50 / p99 (s) at the ${slo.vantage} vantage, where this SLO judges requests`;
     const lat = ["ttft", "tpot", "itl", "e2el"].flatMap((m) => [[`${m} p50`, c[`${m}_p50_s`]], [`${m} p99`, c[`${m}_p99_s`]]]);
     chart("c-lat", [t, ...lat.map((l) => l[1])], lat.map((l) => ({ label: l[0] })));
     chart("c-rej", [t, c.rejected, c.availability_ratio], [{ label: "rejected" }, { label: "availability", scale: "ratio" }]);

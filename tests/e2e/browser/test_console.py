@@ -29,6 +29,22 @@ def _slo(stack: ConsoleStack) -> dict[str, Any]:
     return found[0] if found else stack.post("/api/v1/slos", SLO)
 
 
+def _traffic_judged_by(
+    stack: ConsoleStack, exporter: Callable[..., None], slo: dict[str, Any]
+) -> None:
+    """Traffic over a few seconds, sent once the engine holds ``slo`` (reading its goodput
+    loads it), and judged by it before the pages are drawn."""
+    path = f"/api/v1/slos/{slo['id']}/goodput"
+    before = stack.get(path, window="5m")["requests"]
+    for k in range(6):
+        exporter(10, ok=k != 3)
+        time.sleep(0.5)
+    deadline = time.monotonic() + 10.0
+    while stack.get(path, window="5m")["requests"] < before + 60:
+        assert time.monotonic() < deadline, "the engine never judged the traffic"
+        time.sleep(0.2)
+
+
 def test_sign_in_and_sign_out(
     page: Any, console_stack: ConsoleStack, console_errors: list[str]
 ) -> None:
@@ -52,12 +68,12 @@ def test_every_page_renders_with_data(
     page: Any, console_stack: ConsoleStack, exporter: Callable[..., None], console_errors: list[str]
 ) -> None:
     slo = _slo(console_stack)
-    exporter(40)
+    _traffic_judged_by(console_stack, exporter, slo)
     sign_in(page, console_stack, "admin")
     base = f"{console_stack.cp_url}/console"
     pages = {
         "overview": ("/", "tr[data-slo]"),
-        "slo-detail": (f"/slos/{slo['id']}", ".u-wrap"),
+        "slo-detail": (f"/slos/{slo['id']}?range=5m", ".u-wrap"),
         "slo-editor": (f"/slos/{slo['id']}/edit", "input[name=name]"),
         "fleet": ("/fleet", "tr[data-member]"),
         "control": ("/control", "h2"),
