@@ -5,7 +5,8 @@ database, mints keys, starts the control plane (``goodput controlplane serve``),
 and a decode sim worker (``goodput worker --engine sim``, sharing a KV folder, registered
 through the agent, shipping engine records) and the PD gateway shipping its records to
 the control plane — each in its own process group, stopped (SIGTERM, then SIGKILL) at
-the end.
+the end. ``start_pd`` starts the workers and the gateway alone, for a stack whose control
+plane is started elsewhere (``tests/e2e/alerting``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,44 @@ class SimStack(StackClient):
     children: list[ChildProcess] = field(default_factory=list)
 
 
+def start_pd(
+    start: Callable[[str, list[str]], ChildProcess],
+    *,
+    cp_url: str,
+    keys: Mapping[str, str],
+    kv_dir: Path,
+    gateway_id: str,
+) -> tuple[dict[str, str], str, list[tuple[str, ChildProcess]]]:
+    """A prefill and a decode sim worker and the PD gateway in front of them, attached to
+    the control plane at ``cp_url`` (``keys``: ``agent``, ``ingest``, ``viewer``), each
+    started by ``start(name, argv)``. Returns the workers' URLs by role, the gateway's URL,
+    and the ``(health URL, process)`` pairs to wait on."""
+    workers: dict[str, str] = {}
+    waits: list[tuple[str, ChildProcess]] = []
+    for seed, role in enumerate(("prefill", "decode")):
+        port = pick_port(HOST, 0)
+        workers[role] = f"http://{HOST}:{port}"
+        child = start(role, [
+            "worker", "--engine", "sim", "--profile", PROFILE, "--role", role,
+            "--host", HOST, "--port", str(port), "--kv-dir", str(kv_dir),
+            "--sim-config", SIM_CONFIG, "--seed", str(seed), "--control-plane", cp_url,
+            "--agent-key", keys["agent"], "--ingest-key", keys["ingest"],
+            "--heartbeat-interval-s", "1",
+        ])  # fmt: skip
+        waits.append((f"{workers[role]}/health", child))
+    gw_port = pick_port(HOST, 0)
+    gateway_url = f"http://{HOST}:{gw_port}"
+    gateway = start("gateway", [
+        "gateway", "--host", HOST, "--port", str(gw_port),
+        "--prefill", workers["prefill"], "--decode", workers["decode"],
+        "--control-plane", cp_url, "--ingest-key", keys["ingest"],
+        "--agent-key", keys["agent"], "--viewer-key", keys["viewer"],
+        "--gateway-id", gateway_id, "--log-level", "WARNING",
+    ])  # fmt: skip
+    waits.append((f"{gateway_url}/health", gateway))
+    return workers, gateway_url, waits
+
+
 @contextlib.contextmanager
 def running_stack(directory: Path) -> Iterator[SimStack]:
     """A fresh stack (database, keys, processes) under ``directory``, stopped on exit."""
@@ -64,30 +103,11 @@ def running_stack(directory: Path) -> Iterator[SimStack]:
         cp_url = f"http://{HOST}:{cp_port}"
         cp = start("controlplane", ["controlplane", "serve", "--no-migrate", "--host", HOST,
                                     "--port", str(cp_port)])  # fmt: skip
-        kv_dir = directory / "kv"
-        workers: dict[str, str] = {}
         waits = [(f"{cp_url}/ready", cp)]
-        for seed, role in enumerate(("prefill", "decode")):
-            port = pick_port(HOST, 0)
-            workers[role] = f"http://{HOST}:{port}"
-            child = start(role, [
-                "worker", "--engine", "sim", "--profile", PROFILE, "--role", role,
-                "--host", HOST, "--port", str(port), "--kv-dir", str(kv_dir),
-                "--sim-config", SIM_CONFIG, "--seed", str(seed), "--control-plane", cp_url,
-                "--agent-key", keys["agent"], "--ingest-key", keys["ingest"],
-                "--heartbeat-interval-s", "1",
-            ])  # fmt: skip
-            waits.append((f"{workers[role]}/health", child))
-        gw_port = pick_port(HOST, 0)
-        gateway_url = f"http://{HOST}:{gw_port}"
-        gateway = start("gateway", [
-            "gateway", "--host", HOST, "--port", str(gw_port),
-            "--prefill", workers["prefill"], "--decode", workers["decode"],
-            "--control-plane", cp_url, "--ingest-key", keys["ingest"],
-            "--agent-key", keys["agent"], "--viewer-key", keys["viewer"],
-            "--gateway-id", "e2e-sim-gateway", "--log-level", "WARNING",
-        ])  # fmt: skip
-        waits.append((f"{gateway_url}/health", gateway))
+        workers, gateway_url, fleet = start_pd(
+            start, cp_url=cp_url, keys=keys, kv_dir=directory / "kv", gateway_id="e2e-sim-gateway"
+        )
+        waits += fleet
         for url, child in waits:
             child.wait_http(url, url, timeout_s=90.0)
         yield SimStack(directory, cp_url, gateway_url, workers, keys, children)
