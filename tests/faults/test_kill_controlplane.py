@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -37,6 +38,8 @@ def test_kill_9_during_a_stream_loses_no_acknowledged_record(
     control_plane: ControlPlane,
 ) -> None:
     plane = control_plane.prepare(rollup_interval_s="2").start()
+    served = httpx.get(f"{plane.url}/health", timeout=5)
+    assert "server" not in served.headers  # `goodput controlplane serve`: no Server header
     exporter = ControlPlaneExporter(
         plane.url, api_key=plane.keys["ingest"], flush_interval_s=0.02, backoff_initial_s=0.05,
         backoff_max_s=0.5, max_buffer_bytes=256 * 1024 * 1024, registry=CollectorRegistry(),
