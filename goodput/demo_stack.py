@@ -103,6 +103,16 @@ class _Keys:
     ingest: str
     agent: str
     viewer: str
+    operator: str
+
+
+def _sign_in_links(cp_url: str, keys: dict[str, str]) -> list[str]:
+    import httpx
+
+    from goodput.demo import sign_in_links
+
+    with httpx.Client(base_url=cp_url, timeout=5.0) as client:
+        return sign_in_links(client, keys)
 
 
 def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: Say) -> _Keys:
@@ -113,7 +123,7 @@ def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: S
     def key(role: str) -> str:
         return run_cli(env, "admin", "create-key", "--role", role, "--name", f"demo-{role}").strip()
 
-    keys = _Keys(ingest=key("ingest"), agent=key("agent"), viewer=key("viewer"))
+    keys = _Keys(key("ingest"), key("agent"), key("viewer"), key("operator"))
     # The demo SLO, selecting the model this stack serves.
     try:
         slo = yaml.safe_load(options.slo_file.read_text(encoding="utf-8"))
@@ -211,6 +221,8 @@ def _run(
         f"goodput demo: replaying {options.trace} at {options.rate_scale:g}× its rate through "
         f"the gateway (goodput bench; per-request results in {directory / 'bench.json'})",
         "",
+        f"Console: {cp_url}/console/",
+        *_sign_in_links(cp_url, {"viewer": keys.viewer, "operator": keys.operator}),
         f"Live goodput: {watch}",
         f"  curl -s -H 'Authorization: Bearer {keys.viewer}' '{watch}'",
         f"  curl -N -H 'Authorization: Bearer {keys.viewer}' {cp_url}/api/v1/goodput/stream",
