@@ -9,6 +9,7 @@ provisioning files into a folder.
 from dashboards.rules import (
     RulesError,
     SLORuleSource,
+    encode_rules,
     fleet_rule_group,
     render_rules,
     rules_document,
@@ -18,6 +19,7 @@ from dashboards.rules import (
 __all__ = [
     "RulesError",
     "SLORuleSource",
+    "encode_rules",
     "fleet_rule_group",
     "render_rules",
     "rules_document",
