@@ -16,6 +16,7 @@ the CLI as subprocesses and never imports ``controlplane``. See ``docs/demo.md``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 import typer
 
 from goodput._demo_processes import ChildProcess, DemoError, pick_port, run_cli, signals_set
+from goodput.demo_console import sign_in_links
 from goodput.demo_prometheus import demo_monitoring
 
 if TYPE_CHECKING:
@@ -160,19 +162,6 @@ def _prepare(options: DemoOptions, say: Say) -> _Setup:
     if len(applied) < 2:  # "created demo-chat (version 1)"
         raise DemoError(f"`goodput slo apply` printed no SLO for {options.slo_file}")
     return _Setup(env, ingest_key.strip(), viewer_key.strip(), operator_key.strip(), applied[1])
-
-
-def sign_in_links(client: httpx.Client, keys: Mapping[str, str]) -> list[str]:
-    """One console line per role: a one-time sign-in link minted with that role's key."""
-    lines = []
-    for role, key in keys.items():
-        response = client.post(
-            "/api/v1/sessions/links", json={}, headers={"Authorization": f"Bearer {key}"}
-        )
-        if response.status_code != 201:
-            raise DemoError(f"minting a sign-in link answered HTTP {response.status_code}")
-        lines.append(f"  sign in as {role} (once): {client.base_url}{response.json()['path']}")
-    return lines
 
 
 def _run(options: DemoOptions, stop: threading.Event, say: Say) -> int:
@@ -392,22 +381,30 @@ def demo(
     window: Annotated[
         str, typer.Option(help="goodput window of the summary: 10s, 1m, 5m, 1h")
     ] = _DEFAULTS.window,
-    slo_file: Annotated[Path, typer.Option(help="SLOs to apply")] = DEFAULT_SLO_FILE,
+    slo_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="SLOs to apply (default examples/demo-slo.yaml; vllm|sim: "
+            "examples/demo-loop-slo.yaml)"
+        ),
+    ] = None,
     fresh: Annotated[bool, typer.Option(help="start from an empty database")] = False,
     engine: Annotated[
         str,
         typer.Option(
             help="model: token times from the latency model (fast, no vLLM); vllm: the full "
             "stack, real vLLM prefill + decode behind the PD gateway (goodput/demo_stack.py); "
-            "sim: the same stack on H100 Llama-3.1-8B sim workers (docs/sim-worker.md)"
+            "sim: the same stack on H100 Llama-3.1-8B sim workers (docs/sim-worker.md); both run "
+            "the control-loop scenario of docs/demo.md"
         ),
     ] = "model",
-    rate_scale: Annotated[
-        float | None,
+    overload: Annotated[
+        float,
         typer.Option(
-            min=0.001, help="--engine vllm|sim: times the trace's request rate (0.1; sim 1)"
+            min=0.1,
+            help="--engine vllm|sim: offered load ÷ the measured capacity of one prefill worker",
         ),
-    ] = None,
+    ] = 2.5,
 ) -> None:
     """Replay the Azure LLM trace into a local control plane and print live goodput."""
     if engine not in ("model", "vllm", "sim"):
@@ -417,10 +414,11 @@ def demo(
         from goodput.demo_stack import StackOptions, run_demo_stack
 
         stack = StackOptions(
-            directory=directory, duration_s=duration, host=host, port=port, trace=trace,
-            rate_scale=rate_scale or (1.0 if engine == "sim" else 0.1), interval_s=interval,
-            window=window, slo_file=slo_file, fresh=fresh, engine=engine,
+            directory=directory, duration_s=duration, host=host, port=port,
+            overload=overload, interval_s=interval, fresh=fresh, engine=engine,
         )  # fmt: skip
+        if slo_file is not None:
+            stack = dataclasses.replace(stack, slo_file=slo_file)
         raise typer.Exit(run_demo_stack(stack))
     options = DemoOptions(
         directory=directory,
@@ -434,7 +432,7 @@ def demo(
         seed=seed,
         interval_s=interval,
         window=window,
-        slo_file=slo_file,
+        slo_file=slo_file or DEFAULT_SLO_FILE,
         fresh=fresh,
     )
     raise typer.Exit(run_demo(options))

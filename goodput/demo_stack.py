@@ -1,25 +1,26 @@
-"""``goodput demo --engine vllm``: the whole stack on this machine, live, in one command.
+"""``goodput demo --engine vllm``: the whole stack and its control loops, live, in one command.
 
 It builds the tiny model if it is missing, migrates a SQLite database under ``--dir``, mints
-an ingest, an agent and a viewer key, applies the demo SLO (``examples/demo-slo.yaml`` with
-its selector set to the served model), then starts, each as a child process in its own
-session:
+ingest, agent, viewer and operator keys, applies the demo SLO
+(``examples/demo-loop-slo.yaml`` with its selector's model set to the served model), then
+starts, each as a child process in its own session:
 
-1. the control plane (``goodput controlplane serve``);
-2. a prefill and a decode worker (``goodput worker``: supervised vLLM on cores 0 and 1,
-   one shared KV folder, the engine-side exporter and the fleet agent);
-3. the PD gateway (``goodput gateway``) in front of them, shipping its records to the
-   control plane;
+1. the control plane (``goodput controlplane serve``), its admission and planner loops
+   ticking every 2 s (:data:`CONTROL_SETTINGS`);
+2. one prefill and two decode workers (``goodput worker``: supervised vLLM, prefill alone on
+   core 0, both decode workers on core 1; one shared KV folder; the engine-side exporter and
+   the fleet agent) — or, with ``--engine sim``, H100 sim workers;
+3. two PD gateways in front of them, both shipping records to the control plane:
+   ``demo-open`` takes no commands (a stack without the loops) and ``demo-gateway``
+   registers and applies the admission policies the control plane pushes;
 
-waits until all answer, prints where to watch live goodput, and replays a slice of the
-Azure conversation trace through the gateway with ``goodput bench`` (open loop, at
-``--rate-scale`` times the trace's rate, from ten minutes into it: 0.1× ≈ 0.55 requests/s
-by default, what two CPU-bound tiny-model instances on this kind of machine keep up with). Every
-``--interval`` seconds it prints one line from the goodput API. ``--duration`` bounds the
-replay; otherwise Ctrl-C (SIGINT) or SIGTERM stops it. Either way it stops what it
-started, in reverse order: the replay (in-flight requests cancelled), the gateway, the
-workers (each stops its vLLM server), the control plane — SIGTERM, then SIGKILL to each
-process group. See ``docs/gateway.md``.
+waits until all answer, then runs :mod:`goodput.demo_scenario` (overload without control,
+then with it, each action printed, a comparison at the end). ``--duration`` sets the
+scenario's length (a third without control, two thirds with it; default 180 s). Ctrl-C
+(SIGINT) or SIGTERM stops it early. Either way it stops what it started, in reverse order:
+the client (in-flight requests cancelled), the gateways, the workers (each stops its vLLM
+server), the control plane — SIGTERM, then SIGKILL to each process group. See
+``docs/demo.md``.
 """
 
 from __future__ import annotations
@@ -28,42 +29,51 @@ import os
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from goodput._demo_processes import ChildProcess, DemoError, pick_port, run_cli, signals_set
 from goodput.demo_prometheus import demo_monitoring
 
-__all__ = ["SERVED_MODEL", "StackOptions", "run_demo_stack"]
+__all__ = ["CONTROL_SETTINGS", "SERVED_MODEL", "StackOptions", "run_demo_stack"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SLO_FILE = REPO_ROOT / "examples" / "demo-slo.yaml"
+DEFAULT_SLO_FILE = REPO_ROOT / "examples" / "demo-loop-slo.yaml"
 SERVED_MODEL = "tiny-llama"
 # --engine sim: H100 Llama-3.1-8B sim workers (docs/sim-worker.md); no model to build.
 SIM_PROFILE = "h100-llama3.1-8b"
 SIM_SERVED_MODEL = "llama-3.1-8b"
-READY_TIMEOUT_S = 300.0  # two vLLM instances starting at once on a busy 2-core machine
-HEADER = "  time   req/s  goodput  attainment    burn  p99 TTFT   p99 ITL  finished  failed"
+READY_TIMEOUT_S = 600.0  # three vLLM instances starting at once on a busy 2-core machine
+DEFAULT_DURATION_S = 180.0
+# The loops at demo speed: a policy and a planner tick every 2 s, a worker may move again
+# after 20 s, the effect of a move is read 20 s after it.
+CONTROL_SETTINGS = {
+    "GOODPUT_ADMISSION_INTERVAL_S": "2",
+    "GOODPUT_ADMISSION_POLICY_TTL_S": "30",
+    "GOODPUT_PLANNER_INTERVAL_S": "2",
+    "GOODPUT_PLANNER_MIN_DWELL_S": "20",
+    "GOODPUT_PLANNER_OBSERVE_AFTER_S": "20",
+    "GOODPUT_PLANNER_DRAIN_TIMEOUT_S": "30",
+}
+# (role, core): prefill alone on core 0, so moving a decode worker to prefill adds a core.
+WORKERS = (("prefill", 0), ("decode", 1), ("decode", 1))
 
 Say = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
 class StackOptions:
-    """What ``goodput demo --engine vllm`` runs."""
+    """What ``goodput demo --engine vllm|sim`` runs."""
 
     directory: Path = Path("var/demo-vllm")
     duration_s: float | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    trace: str = "azure_conv"
-    rate_scale: float = 0.1
-    start_s: float = 600.0  # ten minutes in: the trace's first minutes are sparse
-    interval_s: float = 10.0
-    window: str = "1m"
+    overload: float = 2.5
+    interval_s: float = 5.0
+    window: str = "10s"
     slo_file: Path = DEFAULT_SLO_FILE
     fresh: bool = False
     engine: str = "vllm"  # or "sim": sim workers instead of vLLM
@@ -87,12 +97,12 @@ def run_demo_stack(options: StackOptions, out: IO[str] | None = None) -> int:
             return _run(options, stop, say, children)
         except DemoError as exc:
             if stop.is_set():
-                say("goodput demo: stopped before the replay started")
+                say("goodput demo: stopped before the scenario started")
                 return 0
             say(f"goodput demo: {exc}")
             return 1
         finally:
-            for child in reversed(children):  # gateway, workers, control plane
+            for child in reversed(children):  # gateways, workers, control plane
                 child.stop(timeout_s=30.0)
             if children:
                 say("goodput demo: stopped every process it started")
@@ -106,25 +116,11 @@ class _Keys:
     operator: str
 
 
-def _sign_in_links(cp_url: str, keys: dict[str, str]) -> list[str]:
-    import httpx
-
-    from goodput.demo import sign_in_links
-
-    with httpx.Client(base_url=cp_url, timeout=5.0) as client:
-        return sign_in_links(client, keys)
-
-
-def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: Say) -> _Keys:
+def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: Say) -> str:
+    """Migrate, apply the SLO; its name."""
     import yaml
 
     run_cli(env, "db", "upgrade")
-
-    def key(role: str) -> str:
-        return run_cli(env, "admin", "create-key", "--role", role, "--name", f"demo-{role}").strip()
-
-    keys = _Keys(key("ingest"), key("agent"), key("viewer"), key("operator"))
-    # The demo SLO, selecting the model this stack serves.
     try:
         slo = yaml.safe_load(options.slo_file.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
@@ -136,7 +132,7 @@ def _prepare(options: StackOptions, directory: Path, env: dict[str, str], say: S
     if len(applied) < 2:
         raise DemoError(f"`goodput slo apply` printed no SLO for {slo_path}")
     say(f"goodput demo: SLO {applied[1]} applied for model {options.served_model} ({slo_path})")
-    return keys
+    return applied[1]
 
 
 def _run(
@@ -151,14 +147,18 @@ def _run(
             path.unlink()
     sim = options.engine == "sim"
     engines = f"{SIM_PROFILE} sim" if sim else "vLLM"
-    say(f"goodput demo: the full stack (control plane, {engines} prefill + decode, PD gateway)")
+    say(f"goodput demo: the full stack (control plane, {engines} prefill + 2 decode, PD "
+        "gateways) and its control loops")  # fmt: skip
     env = {**os.environ, "GOODPUT_DATABASE_URL": f"sqlite:///{directory / 'goodput.db'}"}
-    # In a child process: the demo itself stays free of the builder's threads and imports
-    # (its children are forked from it). Returns at once when the model is there.
     model_dir = default_model_dir()
-    if not sim:
+    if not sim:  # in a child process; returns at once when the model is there
         run_cli(env, "model", "build-tiny", str(model_dir), timeout_s=600.0)
-    keys = _prepare(options, directory, env, say)
+    slo_name = _prepare(options, directory, env, say)
+
+    def key(role: str) -> str:
+        return run_cli(env, "admin", "create-key", "--role", role, "--name", f"demo-{role}").strip()
+
+    keys = _Keys(key("ingest"), key("agent"), key("viewer"), key("operator"))
     if stop.is_set():
         return 0
     host = options.host
@@ -169,181 +169,138 @@ def _run(
     kv_dir.mkdir()
     python = [sys.executable, "-m", "goodput"]
 
-    def start(name: str, argv: list[str]) -> ChildProcess:
-        child = ChildProcess([*python, *argv], env, directory / f"{name}.log")
+    def start(name: str, argv: list[str], child_env: dict[str, str] = env) -> ChildProcess:
+        child = ChildProcess([*python, *argv], child_env, directory / f"{name}.log")
         children.append(child)
         return child
 
     control_plane = start(
         "controlplane",
         ["controlplane", "serve", "--no-migrate", "--host", host, "--port", str(cp_port)],
+        {**env, **CONTROL_SETTINGS},
     )
-    workers = {}
-    for core, role in enumerate(("prefill", "decode")):
+    common = ["--host", host, "--kv-dir", str(kv_dir), "--control-plane", cp_url,
+              "--agent-key", keys.agent, "--ingest-key", keys.ingest,
+              "--heartbeat-interval-s", "1"]  # fmt: skip
+    workers: list[tuple[str, str, ChildProcess]] = []
+    for index, (role, core) in enumerate(WORKERS):
         port = pick_port(host, 0)
+        name = f"worker-{index}-{role}"
         if sim:
-            workers[role] = (f"http://{host}:{port}", start(role, [
-                "worker", "--engine", "sim", "--profile", SIM_PROFILE, "--port", str(port),
-                "--host", host, "--role", role, "--kv-dir", str(kv_dir),
-                "--served-model-name", SIM_SERVED_MODEL, "--control-plane", cp_url,
-                "--agent-key", keys.agent, "--ingest-key", keys.ingest, "--seed", str(core),
-            ]))  # fmt: skip
-            continue
-        workers[role] = (f"http://{host}:{port}", start(role, [
-            "worker", "--model", str(model_dir), "--port", str(port), "--host", host,
-            "--role", role, "--cpu", str(core), "--kv-dir", str(kv_dir),
-            "--served-model-name", SERVED_MODEL, "--control-plane", cp_url,
-            "--agent-key", keys.agent, "--ingest-key", keys.ingest,
-            "--run-dir", str(directory / f"{role}-run"), "--nice", "10", "--sched-idle",
+            engine = ["--engine", "sim", "--profile", SIM_PROFILE, "--seed", str(index),
+                      "--served-model-name", SIM_SERVED_MODEL]  # fmt: skip
+        else:
+            engine = ["--model", str(model_dir), "--cpu", str(core), "--served-model-name",
+                      SERVED_MODEL, "--run-dir", str(directory / f"{name}-run"),
+                      "--nice", "10", "--sched-idle"]  # fmt: skip
+        child = start(name, ["worker", "--port", str(port), "--role", role, *common, *engine])
+        workers.append((role, f"http://{host}:{port}", child))
+    statics = [a for role, url, _ in workers for a in (f"--{role}", url)]
+    gateways: dict[str, tuple[str, ChildProcess]] = {}
+    for gateway_id, agent in (("demo-open", False), ("demo-gateway", True)):
+        port = pick_port(host, 0)
+        commands = ["--agent-key", keys.agent, "--command-poll", "0.5"] if agent else []
+        gateways[gateway_id] = (f"http://{host}:{port}", start(gateway_id, [
+            "gateway", "--host", host, "--port", str(port), *statics,
+            "--control-plane", cp_url, "--ingest-key", keys.ingest, *commands,
+            "--viewer-key", keys.viewer, "--gateway-id", gateway_id, "--fleet-refresh", "1",
+            "--log-level", "WARNING",
         ]))  # fmt: skip
-    gw_port = pick_port(host, 0)
-    gateway_url = f"http://{host}:{gw_port}"
-    gateway = start("gateway", [
-        "gateway", "--host", host, "--port", str(gw_port),
-        "--prefill", workers["prefill"][0], "--decode", workers["decode"][0],
-        "--control-plane", cp_url, "--agent-key", keys.agent, "--ingest-key", keys.ingest,
-        "--viewer-key", keys.viewer, "--gateway-id", "demo-gateway", "--log-level", "WARNING",
-    ])  # fmt: skip
-    say(f"goodput demo: logs in {directory}/{{controlplane,prefill,decode,gateway}}.log")
+    say(f"goodput demo: logs in {directory} (controlplane, worker-*, demo-open, "
+        "demo-gateway .log)")  # fmt: skip
     waits = [(f"{cp_url}/ready", control_plane, "the control plane", 60.0)]
-    waits += [(f"{url}/health", child, f"the {role} worker", READY_TIMEOUT_S)
-              for role, (url, child) in workers.items()]  # fmt: skip
-    waits.append((f"{gateway_url}/health", gateway, "the gateway", 60.0))
+    waits += [(f"{url}/health", child, f"the {role} worker at {url}", READY_TIMEOUT_S)
+              for role, url, child in workers]  # fmt: skip
+    waits += [(f"{url}/health", child, f"gateway {gid}", 60.0)
+              for gid, (url, child) in gateways.items()]  # fmt: skip
     for url, child, what, timeout_s in waits:
-        say(f"goodput demo: waiting for {what} ({url})")
+        say(f"goodput demo: waiting for {what}")
         child.wait_http(url, what, stop=stop, timeout_s=timeout_s, every_s=0.5)
     if stop.is_set():
         return 0
-    watch = f"{cp_url}/api/v1/goodput?window={options.window}"
+    _wait_registered(cp_url, keys.viewer, len(workers), stop)
+    watch = f"{cp_url}/api/v1/slos/{slo_name}/goodput?window=1m"
     for line in (
-        f"goodput demo: gateway at {gateway_url} (OpenAI API; PD: {workers['prefill'][0]} → "
-        f"{workers['decode'][0]}), control plane at {cp_url}",
-        f"goodput demo: replaying {options.trace} at {options.rate_scale:g}× its rate through "
-        f"the gateway (goodput bench; per-request results in {directory / 'bench.json'})",
+        f"goodput demo: control plane at {cp_url}; gateways demo-open "
+        f"{gateways['demo-open'][0]} and demo-gateway {gateways['demo-gateway'][0]}",
         "",
         f"Console: {cp_url}/console/",
         *_sign_in_links(cp_url, {"viewer": keys.viewer, "operator": keys.operator}),
         f"Live goodput: {watch}",
         f"  curl -s -H 'Authorization: Bearer {keys.viewer}' '{watch}'",
-        f"  curl -N -H 'Authorization: Bearer {keys.viewer}' {cp_url}/api/v1/goodput/stream",
-        f"  gateway metrics: curl -s {gateway_url}/metrics",
-        ("" if options.duration_s is None else f"Runs for {options.duration_s:g} s; ")
-        + "Ctrl-C stops it.",
+        f"  control actions: curl -s -H 'Authorization: Bearer {keys.viewer}' "
+        f"{cp_url}/api/v1/automation/moves",
+        f"  gateway metrics: curl -s {gateways['demo-gateway'][0]}/metrics",
+        "Ctrl-C stops it.",
     ):
         say(line)
-    scraped = {"controlplane": cp_url, "gateway": gateway_url}
-    scraped.update((role, url) for role, (url, _) in workers.items())
+    scraped = {"controlplane": cp_url, **{gid: url for gid, (url, _) in gateways.items()}}
+    scraped.update((f"worker-{i}", url) for i, (_, url, _) in enumerate(workers))
     with demo_monitoring(
         directory / "monitoring", control_plane_url=cp_url, viewer_key=keys.viewer,
         targets={job: url.removeprefix("http://") for job, url in scraped.items()}, say=say,
     ):  # fmt: skip
-        say(HEADER)
-        return _replay(
-            options, gateway_url=gateway_url, cp_url=cp_url, keys=keys, children=children,
-            stop=stop, say=say, directory=directory,
-        )  # fmt: skip
+        return _scenario(options, slo_name, cp_url, keys=keys, gateways=gateways,
+                         children=children, stop=stop, say=say)  # fmt: skip
 
 
-def _replay(
-    options: StackOptions,
-    *,
-    gateway_url: str,
-    cp_url: str,
-    keys: _Keys,
-    children: list[ChildProcess],
-    stop: threading.Event,
-    say: Say,
-    directory: Path,
-) -> int:
+def _sign_in_links(cp_url: str, keys: dict[str, str]) -> list[str]:
     import httpx
 
-    from serving.bench.cli import BenchError, BenchOptions, run_bench
+    from goodput.demo_console import sign_in_links
 
-    counts = {"finished": 0, "failed": 0}
-    result: dict[str, Any] = {}
-    failure: list[BaseException] = []
+    with httpx.Client(base_url=cp_url, timeout=5.0) as client:
+        return sign_in_links(client, keys)
 
-    def on_record(record: Any) -> None:
-        counts["finished"] += 1
-        counts["failed"] += record.status.name == "ERROR"
 
-    bench = BenchOptions(
-        url=gateway_url,
-        trace=options.trace,
-        rate_scale=options.rate_scale,
-        duration_s=options.duration_s or 24 * 3600.0,
-        start_s=options.start_s,
-        slo="ttft=0.2,itl=0.05",
-        model=options.served_model,
-        progress=False,
-        out=directory / "bench.json",
-        request_id_prefix=f"demo-{int(time.time())}",
-    )
+def _wait_registered(cp_url: str, viewer_key: str, count: int, stop: threading.Event) -> None:
+    """Until ``count`` workers are ready in the fleet registry (agents register after
+    their engine answers)."""
+    import time
 
-    def replay() -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60.0
+    while not stop.is_set():
         try:
-            with open(directory / "bench.log", "a", encoding="utf-8") as log:
-                if options.engine == "sim":  # word prompts: no tokenizer to load
-                    from serving.sim.worker.replay import run_word_bench
-
-                    result.update(run_word_bench(bench, log, stop=stop, on_record=on_record))
-                else:
-                    result.update(run_bench(bench, log, stop=stop, on_record=on_record))
-        except (BenchError, ValueError) as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=replay, name="goodput-demo-bench")
-    thread.start()
-    started = time.monotonic()
-    viewer = {"Authorization": f"Bearer {keys.viewer}"}
-    with httpx.Client(base_url=cp_url, headers=viewer, timeout=5.0) as client:
-        try:
-            while thread.is_alive() and not stop.wait(options.interval_s):
-                dead = [c for c in children if not c.alive()]
-                if dead:
-                    raise DemoError(
-                        f"a process exited (log {dead[0].log_path}):\n{dead[0].log_tail()}"
-                    )
-                say(_line(client, options.window, time.monotonic() - started, counts))
-        finally:
-            stop.set()
-            thread.join()
-        say(_line(client, options.window, time.monotonic() - started, counts))
-    if failure:
-        raise DemoError(f"the replay failed: {failure[0]}")
-    summary = result.get("summary")
-    if summary:
-        say(
-            f"goodput demo: {summary['completed']} of {summary['requests']} requests completed, "
-            f"client-side goodput {summary['goodput_rps']:.2f} req/s for TTFT ≤ 200 ms and "
-            f"ITL ≤ 50 ms (bench summary in {directory / 'bench.log'})"
-        )
-    return 0
+            members = httpx.get(f"{cp_url}/api/v1/fleet", params={"kind": "worker"},
+                                headers={"Authorization": f"Bearer {viewer_key}"},
+                                timeout=5.0).json()["data"]  # fmt: skip
+            if sum(m["state"] == "ready" for m in members) >= count:
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise DemoError(f"fewer than {count} workers registered with the control plane")
+        stop.wait(0.5)
 
 
-def _line(client: Any, window: str, elapsed_s: float, counts: dict[str, int]) -> str:
-    """One row under :data:`HEADER`: the goodput API's first SLO over ``window``."""
+def _scenario(options: StackOptions, slo_name: str, cp_url: str, *, keys: _Keys,
+              gateways: dict[str, tuple[str, ChildProcess]], children: list[ChildProcess],
+              stop: threading.Event, say: Say) -> int:  # fmt: skip
+    import httpx
+
+    from goodput.demo_scenario import ScenarioOptions, ScenarioStack, run_scenario
+
+    def alive() -> str | None:
+        dead = next((c for c in children if not c.alive()), None)
+        if dead is None:
+            return None
+        return f"a process exited (log {dead.log_path}):\n{dead.log_tail()}"
+
+    total = options.duration_s or DEFAULT_DURATION_S
+    scenario = ScenarioOptions(
+        slo=slo_name, model=options.served_model, overload=options.overload,
+        open_s=total / 3, control_s=total * 2 / 3, interval_s=options.interval_s,
+        window=options.window,
+    )  # fmt: skip
+    stack = ScenarioStack(
+        cp_url=cp_url, viewer_key=keys.viewer, operator_key=keys.operator,
+        open_gateway=gateways["demo-open"][0], control_gateway=gateways["demo-gateway"][0],
+        control_gateway_id="demo-gateway", alive=alive,
+    )  # fmt: skip
     try:
-        response = client.get("/api/v1/goodput", params={"window": window})
-        response.raise_for_status()
-        data = response.json()["data"]
-    except Exception as exc:  # the line says what went wrong; the demo goes on
-        data, problem = None, f"{type(exc).__name__}: {exc}"[:60]
-    else:
-        problem = "no SLO yet"
-    head = f"{elapsed_s:5.0f} s"
-    tail = f"{counts['finished']:9d} {counts['failed']:7d}"
-    if not data:
-        return f"{head}  ({problem})  {tail}"
-    stats = data[0]
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value * 1000:.0f} ms"
-
-    attainment, burn = stats["attainment_ratio"], stats["burn_rate"]
-    return (
-        f"{head} {stats['throughput_rps']:7.2f} {stats['goodput_rps']:8.2f}"
-        f"  {'-' if attainment is None else f'{attainment:.2%}':>10}"
-        f"  {'-' if burn is None else f'{burn:.2f}':>6}"
-        f"  {ms(stats['ttft']['p99_s']):>8}  {ms(stats['itl']['p99_s']):>8}{tail}"
-    )
+        run_scenario(stack, scenario, stop, say)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        raise DemoError(f"the scenario stopped: {exc}") from None
+    return 0
