@@ -1,9 +1,11 @@
 // Control: the admission policy in force, then one time axis: an SLO's goodput over the last
-// hour with the admission decisions (A1, A2, …) and planner moves (M1, …) as markers, each
-// move's predicted and observed goodput as dots; the tables below carry the same labels.
+// 5 minutes, hour or day with the admission decisions (A1, A2, …) and planner moves (M1, …)
+// as markers, each move's predicted and observed goodput as dots; the tables below carry the
+// same labels.
 import { api, fillTable, h, ms, num, showError, when } from "./console.js";
 
 const select = document.getElementById("slo");
+const rangeSelect = document.getElementById("range");
 const chartEl = document.getElementById("c-control");
 const COLORS = { goodput: "#1f6feb", throughput: "#8c959f", decision: "#8250df", move: "#bc4c00" };
 let chart = null;
@@ -35,14 +37,18 @@ function drawMarks(u) {
   const top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
   ctx.save();
   ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-  const line = (t, color, label, row) => {
+  const labelled = [-Infinity, -Infinity]; // x of the last label drawn, per kind
+  const line = (t, color, label, kind) => {
     if (t === null || t < x0 || t > x1) return;
     const x = u.valToPos(t, "x", true);
     ctx.strokeStyle = ctx.fillStyle = color;
     ctx.lineWidth = devicePixelRatio;
     ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
     ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-    ctx.fillText(label, x + 3 * devicePixelRatio, top + (12 + row * 12) * devicePixelRatio);
+    // Markers closer than a label's width share the first label (newest first: the latest).
+    if (Math.abs(labelled[kind] - x) < 28 * devicePixelRatio) return;
+    labelled[kind] = x;
+    ctx.fillText(label, x + 3 * devicePixelRatio, top + (12 + kind * 13) * devicePixelRatio);
   };
   const dot = (t, v, color, filled) => {
     if (t === null || v === null || v === undefined || t < x0 || t > x1) return;
@@ -52,9 +58,9 @@ function drawMarks(u) {
     ctx.beginPath(); ctx.arc(x, y, 4 * devicePixelRatio, 0, 2 * Math.PI);
     if (filled) ctx.fill(); else ctx.stroke();
   };
-  marks.decisions.forEach((d, i) => line(d.t, COLORS.decision, d.label, i % 2));
-  marks.moves.forEach((m, i) => {
-    line(m.t, COLORS.move, m.label, 2 + (i % 2));
+  marks.decisions.forEach((d) => line(d.t, COLORS.decision, d.label, 0));
+  marks.moves.forEach((m) => {
+    line(m.t, COLORS.move, m.label, 1);
     dot(m.predictedAt, m.predicted, COLORS.move, false);
     dot(m.observedAt, m.observed, COLORS.move, true);
   });
@@ -77,13 +83,17 @@ function draw(series) {
 
 async function loadSlos() {
   const found = await api("/slos?limit=200");
-  const wanted = new URLSearchParams(location.search).get("slo");
+  const params = new URLSearchParams(location.search);
+  const wanted = params.get("slo");
   select.replaceChildren(...found.data.map((s) => h("option", { value: s.id, selected: s.id === wanted }, s.name)));
+  if ([...rangeSelect.options].some((o) => o.value === params.get("range"))) rangeSelect.value = params.get("range");
   document.getElementById("no-slo").hidden = found.data.length !== 0;
-  select.addEventListener("change", () => {
-    history.replaceState(null, "", `?slo=${encodeURIComponent(select.value)}`);
+  const changed = () => {
+    history.replaceState(null, "", `?${new URLSearchParams({ slo: select.value, range: rangeSelect.value })}`);
     chart?.destroy(); chart = null; load();
-  });
+  };
+  select.addEventListener("change", changed);
+  rangeSelect.addEventListener("change", changed);
 }
 
 async function load() {
@@ -91,7 +101,7 @@ async function load() {
     const ref = select.value;
     const [decisions, moves, series] = await Promise.all([
       api("/commands?kind=set_admission_policy&limit=50"), api("/automation/moves?limit=50"),
-      ref ? api(`/slos/${encodeURIComponent(ref)}/goodput/series?range=1h`) : null]);
+      ref ? api(`/slos/${encodeURIComponent(ref)}/goodput/series?range=${rangeSelect.value}`) : null]);
     const latest = decisions.data[0];
     if (latest) {
       const p = latest.payload.policy;

@@ -63,7 +63,7 @@ function create(r) {
   const link = th.lastChild;
   link.href = `/console/slos/${encodeURIComponent(r.slo_id)}`;
   link.textContent = r.slo_name;
-  labels.textContent = [r.model ?? "any model", r.tenant ?? "any tenant", r.vantage].join(" · ");
+  labels.textContent = labels.title = [r.model ?? "any model", r.tenant ?? "any tenant", r.vantage].join(" · ");
   const spark = rest.pop();
   const entry = { tr, dot: th.firstChild, cells: rest, texts: [], svg: spark.firstChild, status: "", spark: "" };
   rows.set(r.slo_id, entry);
