@@ -170,8 +170,9 @@ def alert_line(alert: Mapping[str, object]) -> str:
         for key in ("slo", "sli", "severity", "long", "short", "instance")
         if key in labels
     )
-    summary = annotations.get("summary", "")
-    return f"alert {alert.get('status', '?')}: {labels.get('alertname', '?')} {where}: {summary}"
+    head = " ".join(p for p in (str(labels.get("alertname", "?")), where) if p)
+    summary = annotations.get("summary")
+    return f"alert {alert.get('status', '?')}: {head}" + (f": {summary}" if summary else "")
 
 
 def _alert_receiver(say: Callable[[str], None]) -> ThreadingHTTPServer:
