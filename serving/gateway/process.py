@@ -1,11 +1,10 @@
 """Run ``goodput gateway`` as a child process: for the demo stack, benchmarks and e2e tests.
 
-The gateway runs in its own session (process group), its output appended to ``log_path``;
-:meth:`GatewayProcess.stop` sends SIGTERM (uvicorn shuts down gracefully and the exporter
-flushes its records), then SIGKILL to the whole group after the timeout. With
-``die_with_parent`` (default) it also gets SIGTERM when the thread that started it ends —
-a test run or demo killed outright leaves no gateway behind (Linux; the exec wrapper of
-:mod:`serving.workers._exec_child`).
+A :class:`~serving.process.ChildProcess`: in its own session (process group), its output
+appended to ``log_path``; :meth:`~serving.process.ChildProcess.stop` sends SIGTERM (uvicorn
+shuts down gracefully and the exporter flushes its records), then SIGKILL to the whole group
+after the timeout. With ``die_with_parent`` (default) it also gets SIGTERM when the thread
+that started it ends — a test run or demo killed outright leaves no gateway behind.
 
 Example::
 
@@ -18,31 +17,16 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import httpx
-
-from serving.workers.config import EXEC_CHILD_MODULE
+from serving.process import ChildProcess, free_port
 
 __all__ = ["GatewayProcess", "free_port"]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     """``python -m goodput gateway --host HOST --port PORT ARGS...`` (see the module)."""
 
     def __init__(
@@ -57,68 +41,15 @@ class GatewayProcess:
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        wrapper = ["-m", EXEC_CHILD_MODULE, "--parent", str(os.getpid()), "--", sys.executable]
-        self.argv = [sys.executable, *(wrapper if die_with_parent else []), "-m", "goodput",
-                     "gateway", "--host", host, "--port", str(self.port), *args]  # fmt: skip
-        self.log_path = log_path
-        self.env = dict(env if env is not None else os.environ)
-        self.process: subprocess.Popen[bytes] | None = None
+        argv = [sys.executable, "-m", "goodput", "gateway", "--host", host,
+                "--port", str(self.port), *args]  # fmt: skip
+        super().__init__(argv, log_path=log_path, env=env, die_with_parent=die_with_parent)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Poll ``/health`` until 200; ``RuntimeError`` with the log's tail otherwise."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if not self.alive():
-                raise RuntimeError(f"the gateway exited before it was ready:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the gateway was not ready within {timeout_s:g} s:\n{self.log_tail()}"
-                )
-            time.sleep(0.1)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL to the group after ``timeout_s``; idempotent."""
-        process = self.process
-        if process is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+        """Poll ``/health`` until 200; :class:`~serving.process.ChildError` (a
+        ``RuntimeError``) with the log's tail otherwise."""
+        self.wait_http(self.url + "/health", "the gateway", timeout_s=timeout_s, every_s=0.1)

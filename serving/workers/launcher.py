@@ -2,11 +2,12 @@
 
 :class:`VllmServer` runs the :class:`~serving.workers.config.LaunchPlan` of a
 :class:`~serving.workers.config.VllmSpec` in its own session (process group), with its own
-``TMPDIR`` and cache under ``run_dir``, its output appended to ``run_dir/vllm.log``. vLLM's
-API server forks an engine-core process; :meth:`VllmServer.stop` and :meth:`VllmServer.kill`
-end the whole group, so no engine outlives its server. With ``die_with_parent`` (default)
-the server also gets SIGTERM when the *thread* that started it ends (Linux), so a crashed
-supervisor leaves nothing behind: start it from a long-lived thread.
+``TMPDIR`` and cache under ``run_dir``, its output appended to ``run_dir/vllm.log``, as a
+:class:`~serving.process.ChildProcess`. vLLM's API server forks an engine-core process;
+:meth:`VllmServer.stop` and :meth:`VllmServer.kill` end the whole group, so no engine
+outlives its server. With ``die_with_parent`` (default) the server also gets SIGTERM when the
+*thread* that started it ends (Linux), so a crashed supervisor leaves nothing behind: start
+it from a long-lived thread.
 
 Example::
 
@@ -19,18 +20,16 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from serving.process import ChildProcess
 from serving.workers.config import LaunchPlan, VllmSpec, build_launch
 from serving.workers.priority import lower_priority
 
@@ -64,7 +63,7 @@ class VllmServer:
         self.run_dir = Path(run_dir)
         self.die_with_parent = die_with_parent
         self.log_path = self.run_dir / LOG_NAME
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: ChildProcess | None = None
         # One pooled client for the health checks: a fresh one per check (``httpx.get``)
         # costs ~25 ms of CPU, mostly building a TLS context, on cores the engine needs.
         self._http = httpx.Client()
@@ -77,11 +76,11 @@ class VllmServer:
 
     @property
     def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+        return None if self._child is None else self._child.pid
 
     @property
     def returncode(self) -> int | None:
-        return None if self._process is None else self._process.poll()
+        return None if self._child is None else self._child.returncode
 
     def plan(self) -> LaunchPlan:
         parent = os.getpid() if self.die_with_parent else None
@@ -108,29 +107,26 @@ class VllmServer:
         """Start the process (no-op while one is running)."""
         if self.alive():
             return
-        self._end_group()  # an engine core left over from a crashed server
+        if self._child is not None:
+            self._child.kill()  # an engine core left over from a crashed server
         self._settled = False
         for sub in ("tmp", "cache"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
-        plan = self.plan()
+        plan = self.plan()  # already through the exec wrapper with die_with_parent
         with self.log_path.open("ab") as log:
             log.write(f"\n=== goodput: starting {' '.join(plan.argv)}\n".encode())
-            log.flush()
-            self._process = subprocess.Popen(
-                plan.argv,
-                env=plan.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.run_dir,
-            )
-        logger.info(
-            "started vLLM on %s (pid %d), log %s", self.url, self._process.pid, self.log_path
+        self._child = ChildProcess(
+            plan.argv,
+            log_path=self.log_path,
+            env=plan.env,
+            cwd=self.run_dir,
+            die_with_parent=False,
         )
+        self._child.start()
+        logger.info("started vLLM on %s (pid %s), log %s", self.url, self.pid, self.log_path)
 
     def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._child is not None and self._child.alive()
 
     def healthy(self, timeout_s: float = 2.0) -> bool:
         """Whether ``GET /health`` answers 200 now."""
@@ -147,9 +143,9 @@ class VllmServer:
         ran at normal priority, so a busy machine does not stretch it)."""
         self._settled = True
         spec = self.spec
-        if (spec.nice or spec.sched_idle) and self._process is not None:
+        if (spec.nice or spec.sched_idle) and self.pid is not None:
             try:
-                changed = lower_priority(self._process.pid, spec.nice, sched_idle=spec.sched_idle)
+                changed = lower_priority(self.pid, spec.nice, sched_idle=spec.sched_idle)
             except OSError as exc:
                 logger.warning("could not lower vLLM's priority on %s: %s", self.url, exc)
             else:
@@ -177,22 +173,13 @@ class VllmServer:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (what a crash looks like) and reap the server."""
-        self._signal_group(signal.SIGKILL)
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=10)
+        if self._child is not None:
+            self._child.kill()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the group, wait up to ``timeout_s``, then SIGKILL what is left."""
-        if self._process is not None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                logger.warning(
-                    "vLLM on %s ignored SIGTERM for %g s; killing it", self.url, timeout_s
-                )
-            self._end_group()
+        if self._child is not None and not self._child.stop(timeout_s):
+            logger.warning("vLLM on %s ignored SIGTERM for %g s; killed it", self.url, timeout_s)
         if self._short_rpc_dir is not None:
             shutil.rmtree(self._short_rpc_dir, ignore_errors=True)
             self._short_rpc_dir = None
@@ -205,18 +192,3 @@ class VllmServer:
                 return log.read().decode(errors="replace")
         except OSError:
             return "(no log)"
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        if self._process is None:
-            return
-        # The group id is the server's pid (start_new_session); it outlives the leader
-        # while the engine core still runs.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, sig)
-
-    def _end_group(self) -> None:
-        """SIGKILL whatever is left of the group and reap the leader."""
-        self._signal_group(signal.SIGKILL)
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=10)

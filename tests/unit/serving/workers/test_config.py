@@ -110,7 +110,7 @@ def test_a_parent_pid_runs_vllm_through_the_exec_wrapper() -> None:
 
     plan = build_launch(VllmSpec(model=MODEL, port=8100), run_dir=RUN, python=vllm[0],
                         parent_pid=42)  # fmt: skip
-    wrapper = ["/venv/bin/python", "-m", "serving.workers._exec_child", "--parent", "42", "--"]
+    wrapper = ["/venv/bin/python", "-m", "serving._exec_child", "--parent", "42", "--"]
     assert plan.argv[:9] == [*wrapper, *vllm]
 
 

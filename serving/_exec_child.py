@@ -1,5 +1,5 @@
 """Exec a command that dies with its parent:
-``python -m serving.workers._exec_child --parent PPID -- ARGV``.
+``python -m serving._exec_child --parent PPID -- ARGV``.
 
 Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``) survives ``execve``, so setting it
 here and then exec'ing the real command (the vLLM server) means a supervisor killed with
@@ -20,9 +20,7 @@ _PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[0] != "--parent" or not argv[1].isdigit() or argv[2] != "--":
-        sys.stderr.write(
-            "usage: python -m serving.workers._exec_child --parent PID -- PROGRAM [ARGS...]\n"
-        )
+        sys.stderr.write("usage: python -m serving._exec_child --parent PID -- PROGRAM [ARGS...]\n")
         raise SystemExit(2)
     parent, command = int(argv[1]), argv[3:]
     if sys.platform == "linux":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.workers._exec_child import main
+from serving._exec_child import main
 from serving.workers.priority import group_affinity, lower_priority, pin_group
 
 REPO = Path(__file__).parents[4]
@@ -112,7 +112,7 @@ def test_lower_priority_refuses_a_niceness_out_of_range() -> None:
 
 def test_the_wrapper_execs_the_command_in_place() -> None:
     wrapper = subprocess.Popen(
-        [sys.executable, "-m", "serving.workers._exec_child", "--parent", str(os.getpid()),
+        [sys.executable, "-m", "serving._exec_child", "--parent", str(os.getpid()),
          "--", sys.executable, "-c", "import os; print(os.getpid())"],
         stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
@@ -123,7 +123,7 @@ def test_the_wrapper_execs_the_command_in_place() -> None:
 def test_the_wrapper_refuses_a_dead_parent() -> None:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "serving.workers._exec_child", "--parent", "1", "--", "true"],
+        [sys.executable, "-m", "serving._exec_child", "--parent", "1", "--", "true"],
         cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1 and time.monotonic() - started < 60
@@ -136,4 +136,4 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
-    assert capsys.readouterr().err.startswith("usage: python -m serving.workers._exec_child")
+    assert capsys.readouterr().err.startswith("usage: python -m serving._exec_child")
