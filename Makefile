@@ -53,7 +53,7 @@ test-unit: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check exporters controlplane
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 typecheck: install

@@ -450,9 +450,7 @@ def main() -> None:
                 "otlp_tokens_per_s": round(otlp_tokens_per_s),
                 "durable_ratio": round(tokens_per_s / max(nondurable_tokens_per_s, 1e-9), 2),
                 "nondurable_tokens_per_s": round(nondurable_tokens_per_s),
-                "nondurable_requests_per_s": round(
-                    nondurable["records"] / nondurable["elapsed_s"]
-                ),
+                "nondurable_requests_per_s": round(nondurable["records"] / nondurable["elapsed_s"]),
                 "inprocess_tokens_per_s": round(baseline_tokens),
                 "inprocess_requests_per_s": round(baseline_requests),
                 "quick": args.quick,
