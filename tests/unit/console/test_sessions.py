@@ -4,10 +4,13 @@ the cookie's attributes, and the sign-in form's same-site and redirect checks.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -23,6 +26,7 @@ from controlplane.models import ConsoleSession, Role
 from controlplane.services.keys import AuthenticatedKey
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+T = TypeVar("T")
 KEY = AuthenticatedKey(uuid.uuid4(), "ops", Role.OPERATOR, None, "gp_abc", "h", None)
 
 
@@ -34,6 +38,12 @@ class RecordingSession:
 
     def add(self, row: Any) -> None:
         self.added.append(row)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run on a thread of its own: the browser tests' event loop may be running here."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _request(headers: dict[str, str], scheme: str = "http") -> Request:
@@ -49,9 +59,9 @@ def _request(headers: dict[str, str], scheme: str = "http") -> Request:
     return Request(scope)
 
 
-async def test_sign_in_stores_only_the_tokens_hash_and_expires_after_the_ttl() -> None:
+def test_sign_in_stores_only_the_tokens_hash_and_expires_after_the_ttl() -> None:
     db = RecordingSession()
-    token, opened = await sign_in(db, KEY, now=NOW, ttl_s=3600)  # type: ignore[arg-type]
+    token, opened = run(sign_in(db, KEY, now=NOW, ttl_s=3600))  # type: ignore[arg-type]
     row = next(r for r in db.added if isinstance(r, ConsoleSession))
     assert row.token_hash == hashlib.sha256(token.encode()).hexdigest()
     assert token not in {str(v) for v in vars(row).values()}
@@ -62,16 +72,16 @@ async def test_sign_in_stores_only_the_tokens_hash_and_expires_after_the_ttl() -
     assert [a.action for a in audits] == ["session.create"]
 
 
-async def test_two_sign_ins_get_different_tokens_and_csrf_tokens() -> None:
-    first = await sign_in(RecordingSession(), KEY, now=NOW, ttl_s=60)  # type: ignore[arg-type]
-    second = await sign_in(RecordingSession(), KEY, now=NOW, ttl_s=60)  # type: ignore[arg-type]
+def test_two_sign_ins_get_different_tokens_and_csrf_tokens() -> None:
+    first = run(sign_in(RecordingSession(), KEY, now=NOW, ttl_s=60))  # type: ignore[arg-type]
+    second = run(sign_in(RecordingSession(), KEY, now=NOW, ttl_s=60))  # type: ignore[arg-type]
     assert first[0] != second[0]
     assert first[1].csrf_token != second[1].csrf_token
 
 
-async def test_a_one_time_link_has_no_csrf_token_so_it_never_passes_as_a_session() -> None:
+def test_a_one_time_link_has_no_csrf_token_so_it_never_passes_as_a_session() -> None:
     db = RecordingSession()
-    link = await sign_in_link(db, KEY, now=NOW, ttl_s=600)  # type: ignore[arg-type]
+    link = run(sign_in_link(db, KEY, now=NOW, ttl_s=600))  # type: ignore[arg-type]
     (row,) = db.added
     assert row.csrf_token == ""
     assert row.token_hash == hashlib.sha256(link.encode()).hexdigest()
