@@ -12,8 +12,9 @@ function chart(id, data, series, yFormat = (v) => v) {
   const opts = {
     width: el.clientWidth || 640, height: 200,
     scales: { x: { time: true } },
-    series: [{}, ...series.map((s, i) => ({ stroke: COLORS[i], width: 1.5, spanGaps: false, ...s }))],
-    axes: [{}, { values: (u, vals) => vals.map(yFormat), size: 60 }],
+    // Points too: a step with requests between empty steps is a point, not a line.
+    series: [{}, ...series.map((s, i) => ({ stroke: COLORS[i], width: 1.5, spanGaps: false, points: { show: true, size: 4 }, ...s }))],
+    axes: [{}, { values: (u, vals) => vals.map(yFormat), size: 84 }],
     legend: { live: true },
   };
   charts.push(new uPlot(opts, data, el));
@@ -52,9 +53,9 @@ async function load() {
     // The series has the percentiles of the vantage the SLO judges; the other vantage's
     // belong to an SLO defined at that vantage.
     document.getElementById("lat-caption").textContent =
-      `TTFT, TPOT, ITL and E2EL p50 / p99 (s) at the ${slo.vantage} vantage, where this SLO judges requests`;
+      `TTFT, TPOT, ITL and E2EL p50 / p99 at the ${slo.vantage} vantage, where this SLO judges requests`;
     const lat = ["ttft", "tpot", "itl", "e2el"].flatMap((m) => [[`${m} p50`, c[`${m}_p50_s`]], [`${m} p99`, c[`${m}_p99_s`]]]);
-    chart("c-lat", [t, ...lat.map((l) => l[1])], lat.map((l) => ({ label: l[0] })));
+    chart("c-lat", [t, ...lat.map((l) => l[1])], lat.map((l) => ({ label: l[0], value: (u, v) => ms(v) })), ms);
     chart("c-rej", [t, c.rejected, c.availability_ratio], [{ label: "rejected" }, { label: "availability", scale: "ratio" }]);
     const rows = versions.data;
     fillTable(document.getElementById("versions"), rows, (v, i) => h("tr", {},
