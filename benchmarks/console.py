@@ -112,11 +112,16 @@ def main() -> None:
                     headers={"Content-Type": "application/yaml"},
                 )
                 assert imported.status_code == 200, imported.text
-                time.sleep(2.0)  # the engine picks the set up within slo_poll_interval_s
+                # Reading one SLO's goodput makes the engine load the new set at once (it
+                # would within slo_poll_interval_s): the summary then has every row.
+                last = client.get(f"/api/v1/slos/slo-{NUM_SLOS - 1:04d}/goodput")
+                assert last.status_code == 200, last.text
                 feeder = threading.Thread(target=feed, args=(url, keys["ingest"], stop))
                 feeder.start()
                 time.sleep(3.0)
                 cold, api_ms, api_bytes = timed_get(client, "/api/v1/goodput/summary", runs * 3)
+                count = client.get("/api/v1/goodput/summary").json()["count"]
+                assert count == NUM_SLOS, f"the summary has {count} rows, not {NUM_SLOS}"
                 _, full_ms, full_bytes = timed_get(client, "/api/v1/goodput", runs)
             result = browse(url, keys["operator"], runs, events)
         finally:
