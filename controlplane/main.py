@@ -135,8 +135,8 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     # middleware leaves text/event-stream alone (Starlette's default exclusions).
     app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)
     # Outside /api/v1, with the errors any route may answer (its query, the key's database).
-    app.include_router(health.router, responses=responses(422, 503))
-    app.include_router(metrics.router, responses=responses(422, 503))
+    app.include_router(health.router, responses=responses(422, 429, 503))
+    app.include_router(metrics.router, responses=responses(422, 429, 503))
     app.include_router(otlp.router)
     api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
     api.include_router(slos.router)

@@ -142,6 +142,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "Request body too large",
         415: "Unsupported content type",
         422: "Invalid input; each entry names the field, what is allowed and the value",
+        429: "Too many failed authentications from this address, or requests with this key",
         503: "The database is unavailable",
     }
     return {
@@ -154,4 +155,4 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 # What every guarded route may answer besides its own codes.
-ERROR_RESPONSES = responses(401, 403, 422, 503)
+ERROR_RESPONSES = responses(401, 403, 422, 429, 503)

@@ -93,7 +93,7 @@ def _documented(description: str, json_schema: dict[str, Any]) -> dict[str, Any]
 # OTLP/HTTP errors are a google.rpc.Status in the request's encoding; the key check and the
 # app-wide query rule answer as every other route ({"detail": ...}).
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    **responses(401, 422),
+    **responses(401, 422, 429),
     200: _documented("An ExportTraceServiceResponse in the request's encoding", _EXPORT_RESPONSE),
     400: _documented("The body does not decode", _RPC_STATUS),
     403: _documented(
