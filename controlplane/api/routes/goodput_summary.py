@@ -231,12 +231,22 @@ class _SharedSummary:
         self._recent: deque[_Computed] = deque(maxlen=KEPT_COMPUTATIONS)
         self._lock = asyncio.Lock()
 
+    def _fresh(self, max_age_s: float) -> _Computed | None:
+        latest = self._recent[-1] if self._recent else None
+        if latest is None or time.monotonic() - latest.at_ts >= max_age_s:
+            return None
+        return latest
+
     async def rows(self, where: SummaryFilter, max_age_s: float) -> _Rows:
-        async with self._lock:
-            latest = self._recent[-1] if self._recent else None
-            if latest is None or time.monotonic() - latest.at_ts >= max_age_s:
-                latest = await run_in_threadpool(_compute, self.live.engine, self.live.clock())
-                self._recent.append(latest)
+        # A fresh enough computation is served at once, even while another one runs.
+        latest = self._fresh(max_age_s)
+        if latest is None:
+            async with self._lock:
+                latest = self._fresh(max_age_s)
+                if latest is None:
+                    now = self.live.clock()
+                    latest = await run_in_threadpool(_compute, self.live.engine, now)
+                    self._recent.append(latest)
         return latest.time, latest.admitted(where)
 
     def at(self, computed_time: float, where: SummaryFilter) -> list[tuple[SummaryRow, str]] | None:
