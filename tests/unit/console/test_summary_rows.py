@@ -1,14 +1,20 @@
 """The overview's rows from a live engine (no I/O): status by the multiwindow burn rates,
-most burning first, sparklines per complete minute, filters, and the stream's events."""
+most burning first, sparklines per complete minute, filters, the stream's events, and a
+stream that starts from the rows a client holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 from controlplane.api.routes.goodput_summary import (
     SPARK_MINUTES,
     SummaryFilter,
     _event,
+    _SharedSummary,
+    _summary_events,
     compute_summary,
 )
 from controlplane.goodput import GoodputEngine
@@ -93,3 +99,28 @@ def test_event_carries_its_time_as_id_and_only_the_rows_given() -> None:
     assert payload == {"time": 12.5, "rows": [{"slo_id": "a"}], "full": False}
     ordered = json.loads(_event(1.0, [], True, ["b", "a"]).split("\n")[2][6:])
     assert ordered == {"time": 1.0, "rows": [], "full": True, "order": ["b", "a"]}
+
+
+def _first_events(shared: _SharedSummary, since: float | None) -> list[str]:
+    async def read() -> list[str]:
+        events = _summary_events(shared, SummaryFilter(), 1.0, since)
+        return [await anext(events), await anext(events)]
+
+    with ThreadPoolExecutor(1) as pool:  # the browser tests' loop may be running here
+        return pool.submit(asyncio.run, read()).result()
+
+
+def test_stream_starts_from_the_rows_a_client_holds() -> None:
+    engine, now = _engine()
+    live = SimpleNamespace(engine=engine, clock=lambda: now, stopping=asyncio.Event())
+    shared = _SharedSummary(live)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(1) as pool:
+        held, rows = pool.submit(asyncio.run, shared.rows(SummaryFilter(), 10.0)).result()
+    assert len(rows) == 3
+    retry, resumed = _first_events(shared, since=held)
+    assert retry == "retry: 3000\n\n"
+    assert json.loads(resumed.split("\n")[2][6:]) == {"time": held, "rows": [], "full": False}
+    _, fresh = _first_events(shared, since=held - 1.0)  # not kept: every row, in order
+    payload = json.loads(fresh.split("\n")[2][6:])
+    assert payload["full"] is True
+    assert payload["order"] == ["bad", "good", "idle"] == [r["slo_id"] for r in payload["rows"]]
