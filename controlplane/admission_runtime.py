@@ -51,8 +51,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
-from controlplane.learner_runtime import SharedLearner, count_decode_instances, shared_learner
+from controlplane.learner_runtime import SharedLearner, count_decode_instances
 from controlplane.live import LiveGoodput
+from controlplane.loop_runtime import loop_lifespan
 from controlplane.models import Command, FleetKind, FleetMember, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
 from controlplane.services.commands import issue_automatic
@@ -230,19 +231,12 @@ class AdmissionRuntime:
 
 @asynccontextmanager
 async def admission_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the admission loop on ``app.state.admission`` when
-    ``settings.admission_enabled`` (after ``live_lifespan``: it listens to ingest)."""
+    """Run the admission loop on ``app.state.admission`` when ``settings.admission_enabled``
+    (:func:`controlplane.loop_runtime.loop_lifespan`)."""
     settings: Settings = app.state.settings
-    if not settings.admission_enabled:
-        app.state.admission = None
+
+    def make(learner: SharedLearner) -> AdmissionRuntime:
+        return AdmissionRuntime(app.state.sessions, settings, app.state.live, learner=learner)
+
+    async with loop_lifespan(app, "admission", settings.admission_enabled, make):
         yield
-        return
-    runtime = AdmissionRuntime(
-        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
-    )
-    await runtime.start()
-    app.state.admission = runtime
-    try:
-        yield
-    finally:
-        await runtime.stop()

@@ -53,8 +53,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
-from controlplane.learner_runtime import SharedLearner, count_decode_instances, shared_learner
+from controlplane.learner_runtime import SharedLearner, count_decode_instances
 from controlplane.live import LiveGoodput
+from controlplane.loop_runtime import loop_lifespan
 from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.planner_snapshot import build_snapshot
 from controlplane.policies.planner import (
@@ -379,19 +380,12 @@ class PlannerRuntime:
 
 @asynccontextmanager
 async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start the planner on ``app.state.planner`` when ``settings.planner_enabled``
-    (after ``live_lifespan``: it listens to the live runtime's ingest)."""
+    """Run the planner on ``app.state.planner`` when ``settings.planner_enabled``
+    (:func:`controlplane.loop_runtime.loop_lifespan`)."""
     settings: Settings = app.state.settings
-    if not settings.planner_enabled:
-        app.state.planner = None
+
+    def make(learner: SharedLearner) -> PlannerRuntime:
+        return PlannerRuntime(app.state.sessions, settings, app.state.live, learner=learner)
+
+    async with loop_lifespan(app, "planner", settings.planner_enabled, make):
         yield
-        return
-    runtime = PlannerRuntime(
-        app.state.sessions, settings, app.state.live, learner=shared_learner(app)
-    )
-    await runtime.start()
-    app.state.planner = runtime
-    try:
-        yield
-    finally:
-        await runtime.stop()

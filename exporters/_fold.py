@@ -21,7 +21,7 @@ from collections.abc import Callable
 from exporters._valid_batch import InvalidRecordLog, valid_batch
 from exporters.records import RecordBatch, RequestRecord
 
-__all__ = ["RecordFolder"]
+__all__ = ["FoldingSink", "RecordFolder"]
 
 
 class RecordFolder:
@@ -94,3 +94,34 @@ class RecordFolder:
         with self._pending_lock:
             self._closed = True
         self.fold()
+
+
+class FoldingSink:
+    """The :class:`~exporters.sinks.RecordSink` side of an exporter whose records go through
+    a :class:`RecordFolder` (``self._folder``, made by the subclass)."""
+
+    _folder: RecordFolder
+
+    def export(self, record: RequestRecord) -> None:
+        self._folder.export(record)
+
+    @property
+    def fold_every(self) -> int:
+        return self._folder.fold_every
+
+    @property
+    def max_delay_s(self) -> float:
+        return self._folder.max_delay_s
+
+    @property
+    def num_invalid_records(self) -> int:
+        """Records left out because they did not validate (the first one is logged)."""
+        return self._folder.num_invalid_records
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        self._folder.fold()
+        return True
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Fold what is pending and stop accepting records; what was folded stays readable."""
+        self._folder.close()

@@ -46,10 +46,10 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from exporters._fold import RecordFolder
+from exporters._fold import FoldingSink, RecordFolder
 from exporters.buckets import LATENCY_BUCKETS_S, validate_buckets
 from exporters.latency import RequestLatencies, request_latencies
-from exporters.records import Phase, RecordBatch, RequestRecord, Status, Vantage
+from exporters.records import Phase, RecordBatch, Status, Vantage
 
 __all__ = ["SPAN_NAME", "OTelExporter"]
 
@@ -64,7 +64,7 @@ _US_PER_S = 1e6
 _MAX_CACHED_ATTRIBUTE_SETS = 4096
 
 
-class OTelExporter:
+class OTelExporter(FoldingSink):
     """GenAI server metrics (and optionally vLLM-shaped spans) of the records it receives.
 
     ``export`` never raises; a record that breaks the contract is left out, logged once and
@@ -130,23 +130,7 @@ class OTelExporter:
         self._tracer = None if tracer_provider is None else tracer_provider.get_tracer(_SCOPE)
         self._attrs: dict[tuple[str, int, int], Attributes] = {}
 
-    # -- RecordSink --
-
-    def export(self, record: RequestRecord) -> None:
-        self._folder.export(record)
-
-    @property
-    def fold_every(self) -> int:
-        return self._folder.fold_every
-
-    @property
-    def max_delay_s(self) -> float:
-        return self._folder.max_delay_s
-
-    @property
-    def num_invalid_records(self) -> int:
-        """Records left out because they did not validate (the first one is logged)."""
-        return self._folder.num_invalid_records
+    # -- RecordSink (export, shutdown: FoldingSink) --
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
         self._folder.fold()
@@ -156,9 +140,6 @@ class OTelExporter:
             if flush is not None:  # the SDK providers have it; the API's no-op ones do not
                 ok = bool(flush(timeout_millis=max(0, int(timeout_s * 1000)))) and ok
         return ok
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        self._folder.close()
 
     # -- folding --
 

@@ -49,10 +49,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from exporters._fold import RecordFolder
+from exporters._fold import FoldingSink, RecordFolder
 from exporters.buckets import LATENCY_BUCKETS_S, bucket_counts, validate_buckets
 from exporters.latency import itl_gaps_s, request_latencies
-from exporters.records import RecordBatch, RequestRecord, Status, Vantage
+from exporters.records import RecordBatch, Status, Vantage
 
 __all__ = ["OVERFLOW_LABEL", "PrometheusExporter"]
 
@@ -74,7 +74,7 @@ _HISTOGRAMS: tuple[tuple[str, str], ...] = (
 _STATUSES: tuple[Status, ...] = (Status.OK, Status.ERROR, Status.ABORTED, Status.REJECTED)
 
 
-class PrometheusExporter(Collector):
+class PrometheusExporter(FoldingSink, Collector):
     """Latency histograms and request/token counters of the records it receives.
 
     ``max_label_sets`` bounds the label sets (a client-chosen model name must not grow the
@@ -113,28 +113,6 @@ class PrometheusExporter(Collector):
         self._output_tokens = np.zeros(0, dtype=np.int64)
         self._prompt_tokens = np.zeros(0, dtype=np.int64)
         registry.register(self)
-
-    # -- RecordSink --
-
-    def export(self, record: RequestRecord) -> None:
-        self._folder.export(record)
-
-    @property
-    def fold_every(self) -> int:
-        return self._folder.fold_every
-
-    @property
-    def num_invalid_records(self) -> int:
-        """Records left out because they did not validate (the first one is logged)."""
-        return self._folder.num_invalid_records
-
-    def force_flush(self, timeout_s: float = 10.0) -> bool:
-        self._folder.fold()
-        return True
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Fold what is pending and stop accepting records; the metrics stay scrapeable."""
-        self._folder.close()
 
     # -- Collector --
 
