@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 import threading
 import time
@@ -147,8 +148,8 @@ def _prepare(options: DemoOptions, say: Say) -> _Setup:
     directory = options.directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if options.fresh:
-        for path in directory.glob("goodput.db*"):
-            path.unlink()
+        for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     database_url = f"sqlite:///{directory / 'goodput.db'}"
     env = {**os.environ, "GOODPUT_DATABASE_URL": database_url}
     say(f"goodput demo: database {database_url}")

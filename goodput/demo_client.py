@@ -4,8 +4,8 @@
 loop: it never waits for answers, so an overload builds a queue, as real users do), each
 request with a priority class (``x-goodput-priority``) and the SLO key
 (``x-goodput-slo``), and keeps every request's :class:`Outcome`. Prompts are token ids
-(counted exactly by the gateway and the engine), each with a distinct first block so that
-no prefix cache or KV hand-off is shared. :func:`closed_loop` sends requests one at a time:
+(counted exactly by the gateway and the engine), random per request id, so that no prefix
+cache entry or KV hand-off is shared. :func:`closed_loop` sends requests one at a time:
 the service time of an idle stack. Private to the demo (goodput/demo_scenario.py) and the
 live control tests.
 """
@@ -16,6 +16,7 @@ import asyncio
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,10 +46,12 @@ class Outcome:
     error: dict[str, Any] | None = None  # the JSON error body of a non-200
 
 
-def prompt(index: int, num_tokens: int) -> list[int]:
-    """``num_tokens`` token ids whose first 128-token block is unique to ``index``."""
-    head = [3 + (index * 7 + k * 13) % 2000 for k in range(min(num_tokens, 128))]
-    return head + [7] * (num_tokens - len(head))
+def prompt(request_id: str, num_tokens: int) -> list[int]:
+    """``num_tokens`` token ids drawn from a generator seeded by ``request_id``: no two
+    requests share a 128-token block, so none reads KV another one wrote (a prompt that
+    extends another's prefix would hit that prompt's KV in the shared folder)."""
+    rng = np.random.default_rng(zlib.crc32(request_id.encode()))
+    return [int(t) for t in rng.integers(3, 2000, size=num_tokens)]
 
 
 async def send_one(
@@ -66,10 +69,11 @@ async def send_one(
     id_prefix: str = "demo",
 ) -> Outcome:
     """Stream one completion through ``url`` and return how it went."""
-    body = {"model": model, "prompt": prompt(index, prompt_tokens), "max_tokens": max_tokens,
+    request_id = f"{id_prefix}-{index}"
+    body = {"model": model, "prompt": prompt(request_id, prompt_tokens), "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True, "temperature": 0.0}  # fmt: skip
     headers = {"x-goodput-priority": priority, "x-goodput-slo": slo,
-               "x-request-id": f"{id_prefix}-{index}"}  # fmt: skip
+               "x-request-id": request_id}  # fmt: skip
     sent = time.monotonic()
     ttft: float | None = None
     last: float | None = None

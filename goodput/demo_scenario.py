@@ -126,6 +126,9 @@ def run_scenario(stack: ScenarioStack, options: ScenarioOptions, stop: threading
         slo = client.get(f"/api/v1/slos/{options.slo}").raise_for_status().json()
         ttft_s, itl_s = _thresholds(slo)
         target = float(slo["target"])
+        # Paused first: the planner must not act on the idle measurement either.
+        client.post("/api/v1/automation/pause", json={"reason": "demo: phase without control"},
+                    headers=operator).raise_for_status()  # fmt: skip
         capacity = _measure_idle(stack, options, ttft_s, itl_s, say)
         rate = options.overload * capacity
         say(f"goodput demo: offering {rate:.2f} req/s ({options.overload:g}x), prompts "
@@ -133,8 +136,6 @@ def run_scenario(stack: ScenarioStack, options: ScenarioOptions, stop: threading
             f"{options.max_tokens} output tokens, classes {MIX}")  # fmt: skip
         feed = ActionFeed(client, stack.control_gateway_id, options.slo)
         feed.poll()  # what happened before the run is not news
-        client.post("/api/v1/automation/pause", json={"reason": "demo: phase without control"},
-                    headers=operator).raise_for_status()  # fmt: skip
         results: list[PhaseResult] = []
         phases = (("no control", stack.open_gateway, options.open_s),
                   ("control", stack.control_gateway, options.control_s))  # fmt: skip
@@ -166,9 +167,10 @@ def run_scenario(stack: ScenarioStack, options: ScenarioOptions, stop: threading
                 stop=stop,
                 say=say,
             )
+            # demo-open takes no policy: those acked meanwhile by demo-gateway shaped nothing.
+            policies = feed.policies - policies_before if name == "control" else 0
             results.append(PhaseResult(name, elapsed, list(loop.outcomes),
-                                       feed.moves_done - moves_before,
-                                       feed.policies - policies_before))  # fmt: skip
+                                       feed.moves_done - moves_before, policies))  # fmt: skip
         say("")
         for line in comparison(results, ttft_s, itl_s, target):
             say(line)
@@ -278,7 +280,7 @@ def comparison(results: list[PhaseResult], ttft_s: float, itl_s: float | None,
         (f"attainment (target {target:.0%})", lambda c, r: f"{c['attainment']:.1%}"),
         ("availability", lambda c, r: f"{c['availability']:.1%}"),
         ("planner moves", lambda c, r: f"{r.moves}"),
-        ("admission policies acked", lambda c, r: f"{r.policies}"),
+        ("admission policies applied", lambda c, r: f"{r.policies}"),
     ]
     head = f"{'':28}" + "".join(f"{r.name:>{WIDTH}}" for r in results)
     lines = [f"Comparison (client-side, {results[0].seconds:.0f} s and "
@@ -286,4 +288,11 @@ def comparison(results: list[PhaseResult], ttft_s: float, itl_s: float | None,
     for label, cell in rows:
         cells = (cell(c, r) for c, r in zip(counts, results, strict=True))
         lines.append(f"{label:28}" + "".join(f"{text:>{WIDTH}}" for text in cells))
+    for result in results:
+        failed = [o for o in result.outcomes if o.status not in (200, 429) or (
+            o.status == 200 and not o.complete)]  # fmt: skip
+        if failed:
+            first = failed[0]
+            why = (first.error or {}).get("message", "stream ended without [DONE]")
+            lines.append(f"first failure ({result.name}): HTTP {first.status}: {why}"[:300])
     return lines

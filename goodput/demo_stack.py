@@ -57,6 +57,11 @@ CONTROL_SETTINGS = {
     "GOODPUT_PLANNER_OBSERVE_AFTER_S": "20",
     "GOODPUT_PLANNER_DRAIN_TIMEOUT_S": "30",
 }
+# Long prompts, short outputs: prefill is the bottleneck. The tiny model holds 2,048
+# positions; on the H100 sim, longer prompts keep the request rate (and the client's CPU
+# on this 2-core machine) low.
+VLLM_PROMPT_TOKENS = (1000, 1600)
+SIM_PROMPT_TOKENS = (6000, 10000)
 # (role, core): prefill alone on core 0, so moving a decode worker to prefill adds a core.
 WORKERS = (("prefill", 0), ("decode", 1), ("decode", 1))
 
@@ -143,8 +148,8 @@ def _run(
     directory = options.directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if options.fresh:
-        for path in directory.glob("goodput.db*"):
-            path.unlink()
+        for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     sim = options.engine == "sim"
     engines = f"{SIM_PROFILE} sim" if sim else "vLLM"
     say(f"goodput demo: the full stack (control plane, {engines} prefill + 2 decode, PD "
@@ -291,6 +296,7 @@ def _scenario(options: StackOptions, slo_name: str, cp_url: str, *, keys: _Keys,
     total = options.duration_s or DEFAULT_DURATION_S
     scenario = ScenarioOptions(
         slo=slo_name, model=options.served_model, overload=options.overload,
+        prompt_tokens=SIM_PROMPT_TOKENS if options.engine == "sim" else VLLM_PROMPT_TOKENS,
         open_s=total / 3, control_s=total * 2 / 3, interval_s=options.interval_s,
         window=options.window,
     )  # fmt: skip
