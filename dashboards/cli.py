@@ -20,7 +20,8 @@ from controlplane.schemas.slo import SLOPublic
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
 from dashboards.export import generated_files
-from dashboards.rules import RulesError, SLORuleSource, render_rules
+from dashboards.rules import RulesError, SLORuleSource
+from dashboards.shared_rules import render_shared_rules
 
 __all__ = ["register"]
 
@@ -77,7 +78,7 @@ def export_rules(
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     slos = asyncio.run(_live_slos(settings))
     try:
-        text = render_rules(slos, base_url=base_url)
+        text = render_shared_rules(slos, base_url=base_url)
     except RulesError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -25,7 +25,8 @@ import yaml
 
 from controlplane.schemas.slo import SLOCreate, SLOPublic
 from dashboards.panels import DASHBOARDS, dashboard_json
-from dashboards.rules import SLORuleSource, render_rules
+from dashboards.rules import SLORuleSource
+from dashboards.shared_rules import render_shared_rules
 
 __all__ = [
     "EXAMPLE_BASE_URL",
@@ -94,7 +95,7 @@ def generated_files(slos: Sequence[SLORuleSource], *, base_url: str) -> dict[str
         for spec in DASHBOARDS
     }
     files.update(provisioning_files())
-    files[RULES_FILE] = render_rules(slos, base_url=base_url)
+    files[RULES_FILE] = render_shared_rules(slos, base_url=base_url)
     return files
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "SLORuleSource",
     "encode_rules",
     "fleet_rule_group",
+    "objectives_text",
     "render_rules",
     "rules_document",
     "slo_rule_group",
@@ -109,13 +110,18 @@ def _num(value: float) -> str:
     return format(value, ".10g")
 
 
-def objective_text(slo: SLORuleSource) -> str:
+def objectives_text(objectives: Iterable[ObjectiveSource]) -> str:
     """``"ttft <= 0.2 s and itl p99 <= 0.05 s"`` (every request; ``"none"`` without any)."""
     parts = [
         f"{o.metric}{'' if o.statistic == 'max' else ' ' + o.statistic} <= {_num(o.threshold_s)} s"
-        for o in slo.objectives
+        for o in objectives
     ]
     return " and ".join(parts) or "none (every successful request is good)"
+
+
+def objective_text(slo: SLORuleSource) -> str:
+    """The SLO's objectives as text (:func:`objectives_text`)."""
+    return objectives_text(slo.objectives)
 
 
 def _alert_windows(slo: SLORuleSource, sli: _SLI) -> list[tuple[AlertWindow, float]]:

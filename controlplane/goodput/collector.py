@@ -29,6 +29,12 @@ or ``compliance``), with the PromQL that reads them:
 * ``goodput_requests_in_flight{slo}``: requests with a partial record and no final one.
 * ``goodput_slo_threshold_seconds{slo,objective,metric,vantage}``: each objective's
   threshold, so dashboards draw it next to the percentiles (``dashboards/``).
+* ``goodput_slo_objective_ratio{slo,sli}``: the SLO's target (``sli="goodput"``) and its
+  availability target (``sli="availability"``, when it has one); ``goodput_slo_window_seconds{slo}``
+  its compliance window; ``goodput_slo_info{slo,slo_id,slo_version,objective,vantage}`` = 1.
+  The rules for all SLOs (``dashboards.shared_rules``) read targets and windows from these
+  and join the info labels into their alerts:
+  ``... * on (slo) group_left (slo_version, objective) goodput_slo_info``.
 * ``goodput_{ttft,tpot,itl,e2el}_seconds{slo}`` (histograms of successful requests, ITL
   over every gap; buckets ``exporters.buckets.LATENCY_BUCKETS_S``):
   ``histogram_quantile(0.99, sum by (slo, le) (rate(goodput_ttft_seconds_bucket[5m])))``.
@@ -53,6 +59,7 @@ from prometheus_client.metrics_core import (
 from controlplane.goodput._batch import METRICS
 from controlplane.goodput.engine import GoodputEngine
 from controlplane.goodput.stats import COMPLIANCE, STANDARD_WINDOWS
+from dashboards.rules import objectives_text
 from exporters.buckets import LATENCY_BUCKETS_S
 
 __all__ = ["GoodputCollector"]
@@ -75,6 +82,9 @@ class _Families:
     availability: GaugeMetricFamily
     in_flight: GaugeMetricFamily
     thresholds: GaugeMetricFamily
+    objective_ratio: GaugeMetricFamily
+    window: GaugeMetricFamily
+    info: GaugeMetricFamily
     histograms: tuple[HistogramMetricFamily, ...]
     records: CounterMetricFamily
     evicted: CounterMetricFamily
@@ -131,6 +141,20 @@ class _Families:
                 "goodput_slo_threshold_seconds",
                 "Threshold of each SLO objective (a request meets it at or below), seconds.",
                 labels=["slo", "objective", "metric", "vantage"],
+            ),
+            objective_ratio=GaugeMetricFamily(
+                "goodput_slo_objective_ratio",
+                "Target of each SLI of an SLO (goodput: good / judged; availability: "
+                "admitted / (admitted + rejected)).",
+                labels=["slo", "sli"],
+            ),
+            window=GaugeMetricFamily(
+                "goodput_slo_window_seconds", "Compliance window of the SLO, seconds.", labels=slo
+            ),
+            info=GaugeMetricFamily(
+                "goodput_slo_info",
+                "The SLO's registry id, version, objectives and vantage as labels; value 1.",
+                labels=["slo", "slo_id", "slo_version", "objective", "vantage"],
             ),
             histograms=tuple(
                 HistogramMetricFamily(
@@ -215,6 +239,20 @@ class GoodputCollector:
             for key, objective in zip(spec.objective_keys, spec.objectives, strict=True):
                 labels = [spec.name, key, objective.metric.value, vantage]
                 fam.thresholds.add_metric(labels, objective.threshold_s)
+            fam.objective_ratio.add_metric([spec.name, "goodput"], spec.target)
+            if spec.availability_target is not None:
+                fam.objective_ratio.add_metric(
+                    [spec.name, "availability"], spec.availability_target
+                )
+            fam.window.add_metric([spec.name], spec.window_s)
+            info = [
+                spec.name,
+                spec.id,
+                str(spec.version),
+                objectives_text(spec.objectives),
+                vantage,
+            ]
+            fam.info.add_metric(info, 1.0)
         health = engine.health()
         for outcome, value in (
             ("final", health.final),

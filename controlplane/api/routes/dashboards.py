@@ -1,15 +1,20 @@
 """Prometheus rules and Grafana dashboards generated from the SLO registry (``dashboards/``).
 
 * ``GET /api/v1/slos/{ref}/prometheus-rules``: one SLO's rule file (YAML, with the fleet
-  alerts);
-* ``GET /api/v1/prometheus/rules``: every live SLO's rules in one file (YAML);
+  alerts), self-contained (``dashboards.rules``: one group whose rules name the SLO, its
+  target and window written in);
+* ``GET /api/v1/prometheus/rules``: the rule file for every live SLO (YAML;
+  ``dashboards.shared_rules``: rules computed once for all SLOs, targets, windows and
+  metadata read from the control plane's ``goodput_slo_*`` gauges), the one to load;
 * ``GET /api/v1/dashboards``: the dashboards (uid, title, tags);
 * ``GET /api/v1/dashboards/{uid}``: one dashboard's classic JSON.
 
-All need ``viewer``; a tenant-scoped key gets its tenant's SLOs only. The files change with
-the registry: an update shows in the annotations' ``slo_version``, a deleted SLO's group is
-gone. An SLO whose rules cannot be expressed is a 422 naming the SLO and the field (no rule
-file is produced rather than a broken one).
+All need ``viewer``; a tenant-scoped key gets its tenant's SLOs only (the file for all SLOs
+then has the groups of its SLOs' compliance windows, whose rules still cover every SLO whose
+series the Prometheus holds). The files change with the registry: an update shows in the
+annotations' ``slo_version`` (in the file for all SLOs, through the ``goodput_slo_info``
+series it joins), a deleted SLO's rules are gone. An SLO whose rules cannot be expressed is
+a 422 naming the SLO and the field (no rule file is produced rather than a broken one).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from controlplane.schemas.slo import SLOPublic
 from controlplane.services import slos as slo_service
 from dashboards.panels import DASHBOARDS, dashboard_json
 from dashboards.rules import RulesError, SLORuleSource, render_rules
+from dashboards.shared_rules import render_shared_rules
 
 __all__ = ["router"]
 
@@ -52,9 +58,10 @@ class DashboardsPublic(BaseModel):
     count: int
 
 
-def _rules_response(slos: list[SLORuleSource], request: Request) -> Response:
+def _rules_response(slos: list[SLORuleSource], request: Request, *, shared: bool) -> Response:
+    render = render_shared_rules if shared else render_rules
     try:
-        text = render_rules(slos, base_url=str(request.base_url))
+        text = render(slos, base_url=str(request.base_url))
     except RulesError as exc:
         raise InvalidInputError(str(exc)) from None
     return Response(text, media_type="application/yaml")
@@ -68,14 +75,17 @@ def _rules_response(slos: list[SLORuleSource], request: Request) -> Response:
 async def slo_rules(
     principal: Viewer, session: SessionDep, slo_ref: Ref, request: Request
 ) -> Response:
-    """The SLO's recording and alert rules, with the fleet alerts (docs/dashboards.md)."""
+    """The SLO's recording and alert rules, with the fleet alerts, in the per-SLO layout: a
+    file for this SLO alone, not to be loaded beside ``/prometheus/rules``, which records
+    the same names (docs/dashboards.md)."""
     slo = await slo_service.get_slo(session, slo_ref, tenant=principal.tenant)
-    return _rules_response([SLOPublic.model_validate(slo)], request)
+    return _rules_response([SLOPublic.model_validate(slo)], request, shared=False)
 
 
 @router.get("/prometheus/rules", response_class=Response, responses=_YAML)
 async def all_rules(principal: Viewer, session: SessionDep, request: Request) -> Response:
-    """Every live SLO's rules in one file (the one to load into Prometheus)."""
+    """The rules for every live SLO in one file, computed once for all of them (the one to
+    load into Prometheus)."""
     slos: list[SLORuleSource] = []
     while True:
         rows, count = await slo_service.list_slos(
@@ -88,7 +98,7 @@ async def all_rules(principal: Viewer, session: SessionDep, request: Request) ->
         slos.extend(SLOPublic.model_validate(r) for r in rows)
         if not rows or len(slos) >= count:
             break
-    return _rules_response(slos, request)
+    return _rules_response(slos, request, shared=True)
 
 
 @router.get("/dashboards")

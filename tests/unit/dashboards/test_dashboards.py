@@ -20,6 +20,7 @@ from dashboards.export import (
 )
 from dashboards.panels import DASHBOARDS, dashboard_json, panel_queries
 from dashboards.rules import fleet_rule_group, slo_rule_group
+from dashboards.shared_rules import shared_rules_document
 from tests.unit.dashboards.slos import make_slo
 
 UIDS = [
@@ -66,16 +67,18 @@ def test_classic_json_shape() -> None:
 
 
 def test_recorded_names_a_panel_reads_are_generated() -> None:
-    """A panel reading ``slo:…`` or ``goodput:…`` must read a rule this package records."""
-    recorded = {
-        rule["record"]
-        for group in (
-            slo_rule_group(make_slo("x", window_s=28 * 86_400), base_url=""),
-            fleet_rule_group(),
-        )
-        for rule in group["rules"]
-        if "record" in rule
-    }
+    """A panel reading ``slo:…`` or ``goodput:…`` must read a rule this package records, in
+    either layout (per SLO, and for all SLOs)."""
+    slo = make_slo("x", window_s=28 * 86_400)
+    shared = shared_rules_document([slo], base_url="")["groups"]
+    for groups in ([slo_rule_group(slo, base_url=""), fleet_rule_group()], shared):
+        recorded = {
+            rule["record"] for group in groups for rule in group["rules"] if "record" in rule
+        }
+        _panels_read_only(recorded)
+
+
+def _panels_read_only(recorded: set[str]) -> None:
     for spec in DASHBOARDS:
         for title, expr in panel_queries(dashboard_json(spec)):
             for name in re.findall(r"\b(?:slo|goodput):[a-z_:0-9]+", expr):

@@ -1,5 +1,7 @@
-"""``promtool test rules``: synthetic counters drive each burn-rate alert across its
-threshold (fires just above, stays silent just below) and back (resolves)."""
+"""``promtool test rules`` on the layout served for all SLOs (``dashboards.shared_rules``):
+synthetic counters, with the control plane's per-SLO gauges (target, window, info), drive
+each burn-rate alert across its threshold (fires just above, stays silent just below) and
+back (resolves); the annotations template the joined info labels."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.rules import render_rules
+from dashboards.shared_rules import render_shared_rules
 from tests.unit.dashboards.slos import make_slo
+
+BASE = "http://cp:8000"
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(
@@ -36,18 +40,39 @@ STEADY = {
 }
 
 
-def _series(slo: str, bad: str, good: str) -> list[dict[str, str]]:
+def _info(slo: str) -> dict[str, str]:
+    return {
+        "slo_id": str(make_slo(slo).id),
+        "slo_version": "1",
+        "objective": "ttft <= 0.2 s",
+    }
+
+
+def _series(slo: str, bad: str, good: str, minutes: int) -> list[dict[str, str]]:
+    """The SLO's counters, and its gauges over ``minutes`` (30 d window, target 0.99)."""
     metric = 'goodput_requests_total{{slo="{}",result="{}"}}'
+    info = ",".join(f'{k}="{v}"' for k, v in {**_info(slo), "vantage": "gateway"}.items())
     return [
         {"series": metric.format(slo, "bad"), "values": bad},
         {"series": metric.format(slo, "good"), "values": good},
+        {
+            "series": f'goodput_slo_objective_ratio{{slo="{slo}",sli="goodput"}}',
+            "values": f"0.99x{minutes}",
+        },
+        {"series": f'goodput_slo_window_seconds{{slo="{slo}"}}', "values": f"2592000x{minutes}"},
+        {"series": f'goodput_slo_info{{slo="{slo}",{info}}}', "values": f"1x{minutes}"},
     ]
 
 
-def _burn(slo: str, pairs: list[tuple[str, str, str, float]]) -> list[dict[str, Any]]:
+def _burn(
+    slo: str, pairs: list[tuple[str, str, str, float]], ratio: float | None = None
+) -> list[dict[str, Any]]:
+    """The alerts expected for ``pairs``; with ``ratio`` (the steady error ratio), their
+    annotations too."""
     sloth = {"sloth_id": f"{slo}-goodput", "sloth_service": slo, "sloth_slo": "goodput"}
-    return [
-        {
+    out = []
+    for s, long_w, short_w, threshold in pairs:
+        alert: dict[str, Any] = {
             "exp_labels": {
                 "slo": slo,
                 "sli": "goodput",
@@ -55,11 +80,24 @@ def _burn(slo: str, pairs: list[tuple[str, str, str, float]]) -> list[dict[str, 
                 "long": long_w,
                 "short": short_w,
                 "sloth_window": long_w,
+                "slo_window": "30d",
                 **sloth,
+                **_info(slo),
             }
         }
-        for s, long_w, short_w, _ in pairs
-    ]
+        if ratio is not None:
+            factor = format(threshold / 0.01, ".4g")
+            alert["exp_annotations"] = {
+                "slo_version": "1",
+                "objective": "ttft <= 0.2 s",
+                "runbook_url": f"{BASE}/api/v1/slos/{_info(slo)['slo_id']}/goodput?window=1h",
+                "summary": f"SLO {slo} (goodput) burns its error budget over {factor}x too "
+                f"fast ({long_w} and {short_w})",
+                "description": f"SLO {slo} v1 (goodput) over a 30d window. Error ratio over "
+                f"{long_w}: {format(ratio * 100, '.4g')}%, above {factor}x its error budget.",
+            }
+        out.append(alert)
+    return out
 
 
 def _burn_test(at: str, exp_alerts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,8 +112,8 @@ def _steady() -> dict[str, Any]:
     minutes = 7 * 60
     for slo, ratio in STEADY.items():
         bad = round(PER_MIN * ratio)
-        series += _series(slo, f"0+{bad}x{minutes}", f"0+{PER_MIN - bad}x{minutes}")
-        expected += _burn(slo, [p for p in PAIRS if ratio > p[3]])
+        series += _series(slo, f"0+{bad}x{minutes}", f"0+{PER_MIN - bad}x{minutes}", minutes)
+        expected += _burn(slo, [p for p in PAIRS if ratio > p[3]], ratio)
     return {
         "interval": "1m",
         "input_series": series,
@@ -86,7 +124,7 @@ def _steady() -> dict[str, Any]:
 def _recovery() -> dict[str, Any]:
     """20 % bad for an hour, then all good: the 1h/5m page resolves once the 5m window is
     clean, the 6h/30m page once the 30m window is; the tickets stay."""
-    series = _series("recovers", "0+200x60 12000+0x120", "0+800x60 48000+1000x120")
+    series = _series("recovers", "0+200x60 12000+0x120", "0+800x60 48000+1000x120", 180)
     tests = [
         _burn_test(f"{at}m", _burn("recovers", list(pairs)))
         for at, pairs in ((60, PAIRS), (70, PAIRS[1:]), (100, PAIRS[2:]))
@@ -97,7 +135,7 @@ def _recovery() -> dict[str, Any]:
 def _silence_and_fleet() -> dict[str, Any]:
     """No judged request for 10 minutes after an hour of traffic; an exporter dropping
     records; a gateway on its fallback cap."""
-    series = _series("quiet", "0+1x60 _x20", "0+99x60 _x20")
+    series = _series("quiet", "0+1x60 _x20", "0+99x60 _x20", 80)
     series += [
         {
             "series": 'goodput_exporter_dropped_records_total{job="gw",instance="a"}',
@@ -116,6 +154,7 @@ def _silence_and_fleet() -> dict[str, Any]:
         "sloth_id": "quiet-goodput",
         "sloth_service": "quiet",
         "sloth_slo": "goodput",
+        **_info("quiet"),
     }
     fleet = {"job": "gw", "instance": "a", "severity": "ticket"}
     tests = [
@@ -138,33 +177,67 @@ def _silence_and_fleet() -> dict[str, Any]:
             "exp_alerts": [{"exp_labels": fleet}],
         },
     ]
-    return {"interval": "1m", "input_series": series, "alert_rule_test": tests}
-
-
-def _test_file(rules: Path) -> dict[str, Any]:
+    sloth = {"slo": "quiet", "sli": "goodput", "sloth_id": "quiet-goodput"}
+    sloth |= {"sloth_service": "quiet", "sloth_slo": "goodput"}
+    recorded: list[dict[str, Any]] = [
+        {
+            "expr": expr,
+            "eval_time": "30m",
+            "exp_samples": [{"labels": f"{name}{{{_labels(labels)}}}", "value": value}],
+        }
+        for expr, name, labels, value in (
+            ("slo:objective:ratio", "slo:objective:ratio", sloth, 0.99),
+            ("slo:time_period:days", "slo:time_period:days", sloth, 30),
+            ("sloth_slo_info", "sloth_slo_info", {**sloth, "sloth_mode": "goodput"}, 1),
+            ("slo:current_burn_rate:ratio > 0.99", "", sloth, None),
+            ("slo:period_error_budget_remaining:ratio < 0.01", "", _period(sloth), None),
+        )
+    ]
+    for test in recorded:  # a comparison's value: whatever it is (float rounding)
+        if test["exp_samples"][0]["value"] is None:
+            test["expr"] = f"({test['expr']}) * 0"
+            test["exp_samples"][0]["value"] = 0
     return {
-        "rule_files": [str(rules)],
-        "evaluation_interval": "1m",
-        "tests": [_steady(), _recovery(), _silence_and_fleet()],
+        "interval": "1m",
+        "input_series": series,
+        "alert_rule_test": tests,
+        "promql_expr_test": recorded,
     }
 
 
-def test_alerts_fire_at_their_burn_rate_and_resolve(tmp_path: Path) -> None:
-    names = [*STEADY, "recovers", "quiet"]
-    rules = tmp_path / "rules.yaml"
-    document = yaml.safe_load(render_rules([make_slo(n) for n in names], base_url="http://cp:8000"))
-    for group in document["groups"]:  # promtool compares annotations too; tested elsewhere
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+
+
+def _period(labels: dict[str, str]) -> dict[str, str]:
+    return {**labels, "slo_window": "30d"}
+
+
+def _promtool_test(tmp_path: Path, name: str, document: dict[str, Any], test: Any) -> str:
+    rules = tmp_path / f"{name}.rules.yaml"
     rules.write_text(yaml.safe_dump(document, sort_keys=False))
-    test = tmp_path / "test.yaml"
-    test.write_text(yaml.safe_dump(_test_file(rules), sort_keys=False))
+    path = tmp_path / f"{name}.test.yaml"
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": test}
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
     assert PROMTOOL is not None
     result = subprocess.run(
-        [PROMTOOL, "test", "rules", str(test)],
+        [PROMTOOL, "test", "rules", str(path)],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    return "" if result.returncode == 0 else result.stdout + result.stderr
+
+
+def test_alerts_fire_at_their_burn_rate_and_resolve(tmp_path: Path) -> None:
+    """With their templated annotations at a steady ratio; the recovery and silence tests,
+    whose ``$value`` moves, without annotations."""
+    names = [*STEADY, "recovers", "quiet"]
+    document = yaml.safe_load(render_shared_rules([make_slo(n) for n in names], base_url=BASE))
+    failures = _promtool_test(tmp_path, "annotated", document, [_steady()])
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    failures += _promtool_test(tmp_path, "plain", document, [_recovery(), _silence_and_fleet()])
+    assert not failures, failures

@@ -133,3 +133,21 @@ def test_objective_measured_counter_counts_records_that_carry_the_metric() -> No
     assert value("goodput_slo_objective_measured_total", objective="itl") == 2
     assert value("goodput_slo_violations_total", objective="itl") == 0
     assert value("goodput_requests_total", vantage="gateway", result="good") == 3
+
+
+def test_slo_gauges_for_the_rules_of_all_slos(registry: CollectorRegistry) -> None:
+    """Target, compliance window and info series (``dashboards.shared_rules`` joins them)."""
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"slo": "name-s1", **labels})
+
+    assert value("goodput_slo_objective_ratio", sli="goodput") == 0.8
+    assert value("goodput_slo_objective_ratio", sli="availability") is None
+    assert value("goodput_slo_window_seconds") == 3600
+    info = {
+        "slo_id": "s1",
+        "slo_version": "1",
+        "objective": "ttft <= 0.2 s and itl p99 <= 0.03 s",
+        "vantage": "gateway",
+    }
+    assert value("goodput_slo_info", **info) == 1
