@@ -37,9 +37,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -50,10 +48,9 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.errors import describe_error
 from controlplane.learner_runtime import SharedLearner, count_decode_instances
 from controlplane.live import LiveGoodput
-from controlplane.loop_runtime import loop_lifespan
+from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import Command, FleetKind, FleetMember, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
 from controlplane.services.commands import issue_automatic
@@ -63,8 +60,6 @@ from exporters.admission import AdmissionPolicy
 from exporters.commands import CommandKind
 
 __all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan", "fingerprint"]
-
-logger = logging.getLogger(__name__)
 
 ACTOR = "controlplane:admission"
 _KIND = CommandKind.SET_ADMISSION_POLICY
@@ -92,8 +87,10 @@ def fingerprint(policy: AdmissionPolicy) -> str:
     return json.dumps(rounded(body), sort_keys=True)
 
 
-class AdmissionRuntime:
+class AdmissionRuntime(ControlLoop):
     """The admission loop (see the module docstring)."""
+
+    name = "admission"
 
     def __init__(
         self,
@@ -104,61 +101,20 @@ class AdmissionRuntime:
         learner: SharedLearner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.sessions = sessions
-        self.settings = settings
-        self.live = live
-        self.clock = clock
+        super().__init__(sessions, settings, live, learner=learner, clock=clock)
         self.config = AdmissionConfig(
             ttl_s=settings.admission_policy_ttl_s,
             fallback_max_concurrency=settings.admission_fallback_max_concurrency,
         )
-        self.learner = learner or SharedLearner(live.ingestor)
-        self.learner.attach()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._failing = False
-        self.num_ticks = 0
-        self.num_failures = 0
         self.last_policy: AdmissionPolicy | None = None
         self._sent: dict[str, tuple[str, float]] = {}  # gateway → (fingerprint, sent at)
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="goodput-admission")
-
-    async def stop(self) -> None:
-        self.learner.detach()
-        self._stop.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        interval = self.settings.admission_interval_s
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=interval)
-                return
-            await self.tick()
+    @property
+    def interval_s(self) -> float:
+        return self.settings.admission_interval_s
 
     async def tick(self) -> int:
-        """One policy for every live gateway; the number of commands issued (0 on a
-        failure, which is logged once per streak and counted)."""
-        try:
-            issued = await self._tick()
-        except Exception as exc:  # the database may be away: try again next tick
-            self.num_failures += 1
-            if not self._failing:
-                logger.warning("admission policy tick failed (%s); retrying", describe_error(exc))
-            self._failing = True
-            return 0
-        if self._failing:
-            logger.warning("admission policy ticks work again")
-        self._failing = False
-        self.num_ticks += 1
-        return issued
-
-    async def _tick(self) -> int:
+        """One policy for every live gateway; the number of commands issued."""
         now_s = self.clock()
         now = datetime.fromtimestamp(now_s, UTC)
         params = self.learner.params()

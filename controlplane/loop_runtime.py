@@ -1,10 +1,14 @@
-"""What the control plane's loops (admission, PD planner) share at run time: how the app's
-lifespan starts and stops one.
+"""What the control plane's loops (admission, PD planner) share at run time.
 
-Each loop is one asyncio task with ``start()`` and ``stop()``; :func:`loop_lifespan` makes it
-with the app's one latency learner (:func:`controlplane.learner_runtime.shared_learner`),
-starts it on ``app.state.<name>`` when enabled (``None`` there otherwise) and stops it when
-the app shuts down. It runs after ``live_lifespan``: the loops listen to its ingest.
+:class:`ControlLoop` is one asyncio task: every ``interval_s`` it runs the subclass's
+``tick`` (one transaction: read state, decide with a pure policy, act). A failing tick (the
+database away) is logged once per failure streak and counted; the loop goes on. The loop
+reads the control plane's one latency learner, attached while it runs.
+
+:func:`loop_lifespan` makes a loop with the app's learner
+(:func:`controlplane.learner_runtime.shared_learner`), starts it on ``app.state.<name>`` when
+enabled (``None`` there otherwise) and stops it when the app shuts down. It runs after
+``live_lifespan``: the loops listen to its ingest.
 
 Example::
 
@@ -18,21 +22,101 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol
 
 from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.errors import describe_error
 from controlplane.learner_runtime import SharedLearner, shared_learner
+from controlplane.live import LiveGoodput
+from controlplane.settings import Settings
 
 __all__ = ["ControlLoop", "loop_lifespan"]
 
+logger = logging.getLogger(__name__)
 
-class ControlLoop(Protocol):
-    async def start(self) -> None: ...
+_STOP_GRACE_S = 5.0
 
-    async def stop(self) -> None: ...
+
+class ControlLoop:
+    """A control loop (see the module docstring). Subclasses set ``name`` and give
+    ``interval_s`` and ``tick``."""
+
+    name = "control"
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        live: LiveGoodput,
+        *,
+        learner: SharedLearner | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.live = live
+        self.clock = clock
+        self.learner = learner or SharedLearner(live.ingestor)
+        self.stopping = asyncio.Event()
+        self.num_ticks = 0
+        self.num_failures = 0
+        self._failing = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval_s(self) -> float:
+        raise NotImplementedError
+
+    async def tick(self) -> object:
+        """One round; raises when it fails (the loop counts and logs it)."""
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self.learner.attach()
+        self._task = asyncio.create_task(self._run(), name=f"goodput-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop ticking; a tick in progress gets a few seconds to finish."""
+        self.stopping.set()
+        self.learner.detach()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        await asyncio.wait({task}, timeout=_STOP_GRACE_S)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run_tick(self) -> bool:
+        """One tick, its failure counted and logged once per streak; whether it worked."""
+        try:
+            await self.tick()
+        except Exception as exc:  # the database may be away: try again next tick
+            self.num_failures += 1
+            if not self._failing:
+                logger.warning("%s tick failed (%s); retrying", self.name, describe_error(exc))
+            self._failing = True
+            return False
+        if self._failing:
+            logger.warning("%s ticks work again", self.name)
+        self._failing = False
+        self.num_ticks += 1
+        return True
+
+    async def _run(self) -> None:
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=self.interval_s)
+                return
+            await self.run_tick()
 
 
 @asynccontextmanager

@@ -40,8 +40,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -52,10 +50,9 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.errors import describe_error
 from controlplane.learner_runtime import SharedLearner, count_decode_instances
 from controlplane.live import LiveGoodput
-from controlplane.loop_runtime import loop_lifespan
+from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.planner_snapshot import build_snapshot
 from controlplane.policies.planner import (
@@ -74,14 +71,13 @@ from exporters.records import RecordBatch
 
 __all__ = ["PLANNER_ACTOR", "PlannerRuntime", "planner_lifespan"]
 
-logger = logging.getLogger(__name__)
-
 PLANNER_ACTOR = "planner"
-_STOP_GRACE_S = 5.0
 
 
-class PlannerRuntime:
+class PlannerRuntime(ControlLoop):
     """The planner's loop inside the app (see the module docstring)."""
+
+    name = "planner"
 
     def __init__(
         self,
@@ -92,12 +88,8 @@ class PlannerRuntime:
         learner: SharedLearner | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.sessions = sessions
-        self.settings = settings
-        self.live = live
-        self.clock = clock
+        super().__init__(sessions, settings, live, learner=learner, clock=clock)
         self.demand = DemandWindow(settings.planner_window_s)
-        self.learner = learner or SharedLearner(live.ingestor)
         self.config = PlannerConfig(
             min_gain_ratio=settings.planner_min_gain_ratio,
             min_dwell_s=settings.planner_min_dwell_s,
@@ -108,56 +100,27 @@ class PlannerRuntime:
             drain_timeout_s=settings.planner_drain_timeout_s,
             observe_after_s=settings.planner_observe_after_s,
         )
-        self.stopping = asyncio.Event()
         self.last_tick: TickPublic | None = None
         self.last_plan: Plan | None = None
-        self.num_ticks = 0
-        self.num_failures = 0
-        self._task: asyncio.Task[None] | None = None
-        self._failing = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    @property
+    def interval_s(self) -> float:
+        return self.settings.planner_interval_s
+
     async def start(self) -> None:
         self.live.ingestor.add_listener(self.observe)
-        self.learner.attach()
-        self._task = asyncio.create_task(self._run(), name="goodput-planner")
+        await super().start()
 
     async def stop(self) -> None:
-        self.stopping.set()
         self.live.ingestor.remove_listener(self.observe)
-        self.learner.detach()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        await asyncio.wait({task}, timeout=_STOP_GRACE_S)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await super().stop()
 
     def observe(self, batch: RecordBatch, source: str = "") -> None:
         """The ingest listener: the demand window sees every batch (``source``: the
         sending exporter)."""
         self.demand.observe(batch, self.clock())
-
-    async def _run(self) -> None:
-        interval = self.settings.planner_interval_s
-        while not self.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
-                return
-            try:
-                await self.tick()
-            except Exception as exc:  # the database may be away: try again next tick
-                self.num_failures += 1
-                if not self._failing:
-                    logger.warning("planner tick failed (%s); retrying", describe_error(exc))
-                self._failing = True
-            else:
-                if self._failing:
-                    logger.warning("planner ticks work again")
-                self._failing = False
 
     # -- one tick ---------------------------------------------------------------------------
 
@@ -364,7 +327,6 @@ class PlannerRuntime:
         observed: int = 0,
         evidence: dict[str, Any] | None = None,
     ) -> TickPublic:
-        self.num_ticks += 1
         self.last_tick = TickPublic(
             time=now,
             paused=paused,
