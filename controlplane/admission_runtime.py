@@ -38,18 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.learner_runtime import SharedLearner, count_decode_instances
-from controlplane.live import LiveGoodput
+from controlplane.learner_runtime import count_decode_instances
 from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import Command, FleetKind, FleetMember, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
@@ -92,16 +90,8 @@ class AdmissionRuntime(ControlLoop):
 
     name = "admission"
 
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        settings: Settings,
-        live: LiveGoodput,
-        *,
-        learner: SharedLearner | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(sessions, settings, live, learner=learner, clock=clock)
+    def setup(self) -> None:
+        settings = self.settings
         self.config = AdmissionConfig(
             ttl_s=settings.admission_policy_ttl_s,
             fallback_max_concurrency=settings.admission_fallback_max_concurrency,
@@ -190,9 +180,5 @@ async def admission_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the admission loop on ``app.state.admission`` when ``settings.admission_enabled``
     (:func:`controlplane.loop_runtime.loop_lifespan`)."""
     settings: Settings = app.state.settings
-
-    def make(learner: SharedLearner) -> AdmissionRuntime:
-        return AdmissionRuntime(app.state.sessions, settings, app.state.live, learner=learner)
-
-    async with loop_lifespan(app, "admission", settings.admission_enabled, make):
+    async with loop_lifespan(app, AdmissionRuntime, enabled=settings.admission_enabled):
         yield

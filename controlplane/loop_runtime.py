@@ -14,9 +14,8 @@ Example::
 
     @asynccontextmanager
     async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings = app.state.settings
-        async with loop_lifespan(app, "planner", settings.planner_enabled, lambda learner:
-                PlannerRuntime(app.state.sessions, settings, app.state.live, learner=learner)):
+        enabled = app.state.settings.planner_enabled
+        async with loop_lifespan(app, PlannerRuntime, enabled=enabled):
             yield
 """
 
@@ -45,8 +44,8 @@ _STOP_GRACE_S = 5.0
 
 
 class ControlLoop:
-    """A control loop (see the module docstring). Subclasses set ``name`` and give
-    ``interval_s`` and ``tick``."""
+    """A control loop (see the module docstring). Subclasses set ``name``, give
+    ``interval_s`` and ``tick``, and make their own state in ``setup``."""
 
     name = "control"
 
@@ -69,6 +68,10 @@ class ControlLoop:
         self.num_failures = 0
         self._failing = False
         self._task: asyncio.Task[None] | None = None
+        self.setup()
+
+    def setup(self) -> None:
+        """The subclass's own state (its settings are ``self.settings``)."""
 
     @property
     def interval_s(self) -> float:
@@ -121,17 +124,18 @@ class ControlLoop:
 
 @asynccontextmanager
 async def loop_lifespan(
-    app: FastAPI, name: str, enabled: bool, make: Callable[[SharedLearner], ControlLoop]
+    app: FastAPI, kind: type[ControlLoop], *, enabled: bool
 ) -> AsyncIterator[None]:
-    """Run the loop ``make`` builds on ``app.state.<name>`` while the app runs, when
-    ``enabled`` (see the module docstring)."""
+    """Run a ``kind`` loop on ``app.state.<kind.name>`` while the app runs, when ``enabled``
+    (see the module docstring)."""
     if not enabled:
-        setattr(app.state, name, None)
+        setattr(app.state, kind.name, None)
         yield
         return
-    loop = make(shared_learner(app))
+    state = app.state
+    loop = kind(state.sessions, state.settings, state.live, learner=shared_learner(app))
     await loop.start()
-    setattr(app.state, name, loop)
+    setattr(app.state, kind.name, loop)
     try:
         yield
     finally:

@@ -41,17 +41,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.learner_runtime import SharedLearner, count_decode_instances
-from controlplane.live import LiveGoodput
+from controlplane.learner_runtime import count_decode_instances
 from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.planner_snapshot import build_snapshot
@@ -79,16 +78,8 @@ class PlannerRuntime(ControlLoop):
 
     name = "planner"
 
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        settings: Settings,
-        live: LiveGoodput,
-        *,
-        learner: SharedLearner | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(sessions, settings, live, learner=learner, clock=clock)
+    def setup(self) -> None:
+        settings = self.settings
         self.demand = DemandWindow(settings.planner_window_s)
         self.config = PlannerConfig(
             min_gain_ratio=settings.planner_min_gain_ratio,
@@ -345,9 +336,5 @@ async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the planner on ``app.state.planner`` when ``settings.planner_enabled``
     (:func:`controlplane.loop_runtime.loop_lifespan`)."""
     settings: Settings = app.state.settings
-
-    def make(learner: SharedLearner) -> PlannerRuntime:
-        return PlannerRuntime(app.state.sessions, settings, app.state.live, learner=learner)
-
-    async with loop_lifespan(app, "planner", settings.planner_enabled, make):
+    async with loop_lifespan(app, PlannerRuntime, enabled=settings.planner_enabled):
         yield

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from serving import process
-from serving.process import ChildError
 
 __all__ = ["ChildProcess", "DemoError", "pick_port", "run_cli", "signals_set"]
 
@@ -46,28 +45,15 @@ def run_cli(env: Mapping[str, str], *args: str, timeout_s: float = 120.0) -> str
 
 class ChildProcess(process.ChildProcess):
     """A long-lived child of the demo, started at once (see :mod:`serving.process`: its own
-    session, its output appended to ``log_path``, ended with the thread that started it)."""
+    session, its output appended to ``log_path``, ended with the thread that started it);
+    :meth:`wait_http` fails with :class:`DemoError`."""
 
+    error = DemoError
     process: subprocess.Popen[bytes]  # started in __init__
 
     def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
         super().__init__(argv, log_path=log_path, env=env)
         self.start()
-
-    def wait_http(
-        self,
-        url: str,
-        what: str,
-        *,
-        timeout_s: float,
-        stop: threading.Event | None = None,
-        every_s: float = 0.2,
-    ) -> bool:
-        """:meth:`serving.process.ChildProcess.wait_http`, failing with :class:`DemoError`."""
-        try:
-            return super().wait_http(url, what, timeout_s=timeout_s, stop=stop, every_s=every_s)
-        except ChildError as exc:
-            raise DemoError(str(exc)) from None
 
 
 @contextlib.contextmanager

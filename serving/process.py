@@ -73,7 +73,10 @@ def free_port(host: str = "127.0.0.1", wanted: int = 0) -> int:
 
 class ChildProcess:
     """One child process (see the module docstring). ``start`` after it ended starts a fresh
-    one with the same command."""
+    one with the same command. ``error`` is what :meth:`wait_http` raises (a subclass may
+    name its own)."""
+
+    error: type[Exception] = ChildError
 
     def __init__(
         self,
@@ -134,18 +137,18 @@ class ChildProcess:
         every_s: float = 0.2,
     ) -> bool:
         """Poll ``url`` until it answers 200: ``True`` then, ``False`` when ``stop`` was set
-        first. :class:`ChildError` naming ``what`` and the log when the child exits or
+        first. :attr:`error` naming ``what`` and the log when the child exits or
         ``timeout_s`` passes (a refused or timed-out poll only means not ready yet)."""
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
         while not stop.is_set():
             if not self.alive():
-                raise ChildError(f"{what} exited (log {self.log_path}):\n{self.log_tail()}")
+                raise self.error(f"{what} exited (log {self.log_path}):\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return True
             if time.monotonic() > deadline:
-                raise ChildError(
+                raise self.error(
                     f"{what} was not ready within {timeout_s:g} s (log {self.log_path}):\n"
                     f"{self.log_tail()}"
                 )
