@@ -47,6 +47,27 @@ class AtomicExampleConnector(ExampleConnector):
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
         self._layer_names = frozenset(name for group in groups for name in group.layer_names)
 
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """ExampleConnector's metadata without the stores of a prompt's first chunk.
+
+        ExampleConnector stores a new request's KV in the step that schedules it, under the
+        hash of its whole prompt; under chunked prefill (a step's token budget shared by
+        several prompts) that step computes only the first blocks, and a reader that later
+        finds the folder allocates the whole prompt but loads fewer tokens — a shape
+        mismatch that kills its engine. Such a store is dropped: the prompt is then not
+        published, and a decode instance computes it itself (missing KV is graceful).
+        """
+        meta: Any = super().build_connector_meta(scheduler_output)
+        requests = getattr(meta, "requests", None)
+        if requests:
+            partial = [
+                r for r in requests if r.is_store and r.slot_mapping.numel() < r.token_ids.numel()
+            ]
+            if partial:
+                logger.debug("not storing %d partially computed prompts", len(partial))
+                meta.requests = [r for r in requests if not any(r is p for p in partial)]
+        return meta
+
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
