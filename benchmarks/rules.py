@@ -1,22 +1,31 @@
 """Benchmark: Prometheus rules for 1,000 SLOs, generated and evaluated by a real Prometheus.
 
-1. **Generation**: ``render_rules`` for 1,000 SLOs (28-day window, a TTFT and an ITL p99
-   objective, target 0.99), best of 3. Baseline in the same run: the same file built rule
+Two layouts, measured in the same run: the one served for all SLOs
+(``dashboards.shared_rules.render_shared_rules``: rules computed once for every SLO, one
+group per compliance window) and the per-SLO one (``dashboards.rules.render_rules``: a group
+of some 20 rules per SLO, what ``GET /slos/{ref}/prometheus-rules`` serves for one SLO).
+
+1. **Generation**: both files for 1,000 SLOs (28-day window, a TTFT and an ITL p99
+   objective, target 0.99), best of 3. Baseline in the same run: the per-SLO file built rule
    by rule (``rules_document`` encoded with ``json``, what ``render_rules`` did before its
    templates); both texts must be equal.
-2. **Evaluation**: Prometheus (the Debian package, ``make install``; started by
-   :func:`goodput.demo_prometheus.start_monitoring`) loads the file and scrapes a static
-   target that exposes the control plane's ``goodput_requests_total{slo,vantage,result}``
-   for every SLO (the series the rules read, with the labels ``GoodputCollector`` gives
-   them; counters growing at 10 good, 0.05 bad, 0.01 rejected and 0.01 aborted requests/s
-   per SLO). Once every SLO's 5-minute ratio is recorded and one more evaluation interval
-   has passed, ``rule_eval_s`` is ``prometheus_rule_group_last_duration_seconds`` summed
-   over the SLO groups (the groups run concurrently: the sum is CPU work per interval, not
-   wall time), ``rule_eval_max_group_s`` the slowest group.
+2. **Evaluation**, each file in its own Prometheus (the Debian package, ``make install``;
+   started by :func:`goodput.demo_prometheus.start_monitoring`) scraping a static target
+   that exposes what the control plane exposes and the rules read, with
+   ``GoodputCollector``'s labels: ``goodput_requests_total{slo,vantage,result}`` for every
+   SLO (counters growing at 10 good, 0.05 bad, 0.01 rejected and 0.01 aborted requests/s
+   per SLO) and the gauges ``goodput_slo_objective_ratio``, ``goodput_slo_window_seconds``
+   and ``goodput_slo_info``. Once every SLO's 5-minute ratio is recorded and one more
+   evaluation interval has passed, ``rule_eval_s`` is
+   ``prometheus_rule_group_last_duration_seconds`` summed over the layout's SLO groups (the
+   groups run concurrently: the sum is CPU work per interval, not wall time; the fleet
+   group, the same in both, apart), ``rule_eval_max_group_s`` the slowest group. The keys
+   without a prefix are the served layout's, ``per_slo_*`` the per-SLO layout's, and
+   ``rule_eval_ratio`` the per-SLO layout's ``rule_eval_s`` over the served one's.
 3. **Series per SLO**: the recording series Prometheus holds per SLO (``slo:*`` and
    ``sloth_slo_info``), against Sloth's documented rule set for one SLO (8 SLI error
    ratios + 7 metadata rules, one series each); ``exposed_series_per_slo`` is what the
-   target exposes per SLO.
+   target exposes per SLO (the series the rules read: 4 counters, 3 gauges).
 
 Prometheus scrapes and evaluates every 30 s; ``prometheus_cpu_s_per_interval`` is its
 process CPU time over two intervals, per interval: the work the rules cost, which the sum of
@@ -46,11 +55,16 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
-from prometheus_client.metrics_core import CounterMetricFamily, Metric  # noqa: E402
+from prometheus_client.metrics_core import (  # noqa: E402
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector  # noqa: E402
 
 from controlplane.schemas.slo import SLOPublic  # noqa: E402
-from dashboards.rules import encode_rules, render_rules, rules_document  # noqa: E402
+from dashboards.rules import encode_rules, objective_text, render_rules, rules_document  # noqa: E402
+from dashboards.shared_rules import render_shared_rules  # noqa: E402
 from goodput.demo_prometheus import INSTALL_HINT, missing_binaries, start_monitoring  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -109,10 +123,11 @@ def best_of(runs: int, fn: object) -> tuple[float, str]:
 
 
 class StaticTarget(Collector):
-    """``goodput_requests_total{slo,vantage,result}`` for every SLO, growing with time."""
+    """``goodput_requests_total{slo,vantage,result}`` for every SLO, growing with time, and
+    each SLO's target, window and info gauges."""
 
-    def __init__(self, names: list[str]) -> None:
-        self._names = names
+    def __init__(self, slos: list[SLOPublic]) -> None:
+        self._slos = slos
         self._start = time.monotonic()
 
     def describe(self) -> Iterator[Metric]:
@@ -125,10 +140,21 @@ class StaticTarget(Collector):
             "Requests finished per SLO by result.",
             labels=["slo", "vantage", "result"],
         )
-        for name in self._names:
+        target = GaugeMetricFamily("goodput_slo_objective_ratio", "Target.", labels=["slo", "sli"])
+        window = GaugeMetricFamily("goodput_slo_window_seconds", "Window.", labels=["slo"])
+        info = GaugeMetricFamily(
+            "goodput_slo_info",
+            "Info.",
+            labels=["slo", "slo_id", "slo_version", "objective", "vantage"],
+        )
+        for slo in self._slos:
             for result, rate in RATES:
-                family.add_metric([name, "gateway", result], 1000.0 + rate * elapsed)
-        yield family
+                family.add_metric([slo.name, "gateway", result], 1000.0 + rate * elapsed)
+            target.add_metric([slo.name, "goodput"], slo.target)
+            window.add_metric([slo.name], slo.window_s)
+            labels = [slo.name, str(slo.id), str(slo.version), objective_text(slo), "gateway"]
+            info.add_metric(labels, 1.0)
+        yield from (family, target, window, info)
 
 
 def promtool_ok(path: Path) -> bool:
@@ -182,9 +208,13 @@ def process_cpu_s(prometheus_url: str) -> float:
     return float(line.split()[1])
 
 
-def evaluate(slos: list[SLOPublic], rules: Path, interval_s: float, work: Path) -> dict[str, float]:
+def evaluate(
+    slos: list[SLOPublic], rules: Path, interval_s: float, work: Path, *, groups: int | None
+) -> dict[str, float]:
+    """One layout's figures; ``groups`` is how many SLO groups it has (``None``: one per
+    SLO, the per-SLO layout, whose groups are named ``goodput-slo-<name>``)."""
     registry = CollectorRegistry()
-    registry.register(StaticTarget([s.name for s in slos]))
+    registry.register(StaticTarget(slos))
     server, thread = start_http_server(0, addr=HOST, registry=registry)
     port = server.server_address[1]
     try:
@@ -207,11 +237,14 @@ def evaluate(slos: list[SLOPublic], rules: Path, interval_s: float, work: Path) 
             intervals = (time.monotonic() - wall_start) / interval_s
             cpu_s = (process_cpu_s(url) - cpu_start) / intervals
             durations = group_durations(url)
-            slo_groups = [v for g, v in durations.items() if g.startswith("goodput-slo-")]
-            if len(slo_groups) != expected:
-                raise SystemExit(f"{len(slo_groups)} SLO groups evaluated, expected {expected}")
+            prefix = "goodput-slo-" if groups is None else "goodput-slos"
+            slo_groups = [v for g, v in durations.items() if g.startswith(prefix)]
+            want = expected if groups is None else groups
+            if len(slo_groups) != want:
+                raise SystemExit(f"{len(slo_groups)} SLO groups evaluated, expected {want}")
             recorded = scalar(url, 'count({__name__=~"slo:.+|sloth_slo_info",sloth_service!=""})')
-            exposed = scalar(url, "count(goodput_requests_total)")
+            read = "goodput_requests_total|goodput_slo_(objective_ratio|window_seconds|info)"
+            exposed = scalar(url, f'count({{__name__=~"{read}"}})')
             missed = scalar(url, "sum(prometheus_rule_group_iterations_missed_total)")
             return {
                 "rule_eval_s": sum(slo_groups),
@@ -233,33 +266,42 @@ def main() -> None:
     args = parser.parse_args()
     count, interval_s = (100, 2.0) if args.quick else (1000, 30.0)
     slos = make_slos(count)
-    generate_s, text = best_of(3, lambda: render_rules(slos, base_url=BASE_URL))
+    generate_s, text = best_of(3, lambda: render_shared_rules(slos, base_url=BASE_URL))
+    per_slo_s, per_slo = best_of(3, lambda: render_rules(slos, base_url=BASE_URL))
     baseline_s, baseline = best_of(3, lambda: encode_rules(rules_document(slos, base_url=BASE_URL)))
-    if text != baseline:
+    if per_slo != baseline:
         raise SystemExit("render_rules differs from the rule-by-rule encoding")
-    print(f"generated {len(text) / 1e6:.1f} MB for {count} SLOs in {generate_s:.3f} s "
-          f"(rule by rule: {baseline_s:.3f} s)")  # fmt: skip
+    print(f"generated {len(text) / 1e3:.1f} kB for {count} SLOs in {generate_s:.3f} s; per-SLO "
+          f"layout {len(per_slo) / 1e6:.1f} MB in {per_slo_s:.3f} s (rule by rule: "
+          f"{baseline_s:.3f} s)")  # fmt: skip
     result: dict[str, object] = {
         "slos": count,
         "generate_s": round(generate_s, 4),
-        "generate_rule_by_rule_s": round(baseline_s, 4),
-        "speedup": round(baseline_s / generate_s, 2),
+        "per_slo_generate_s": round(per_slo_s, 4),
+        "per_slo_generate_rule_by_rule_s": round(baseline_s, 4),
         "rules_bytes": len(text),
+        "per_slo_rules_bytes": len(per_slo),
         "sloth_series_per_slo": len(SLOTH_RULES),
         "eval_interval_s": interval_s,
     }
     with tempfile.TemporaryDirectory(prefix="goodput-rules-bench-") as tmp:
         work = Path(tmp)
-        rules = work / "goodput.rules.yaml"
-        rules.write_text(text, encoding="utf-8")
-        result["promtool_ok"] = promtool_ok(rules)
+        layouts = (("", text, 1 + len({s.window_s for s in slos})), ("per_slo_", per_slo, None))
         missing = missing_binaries()
+        for prefix, rule_text, groups in layouts:
+            rules = work / f"{prefix}goodput.rules.yaml"
+            rules.write_text(rule_text, encoding="utf-8")
+            result[f"{prefix}promtool_ok"] = promtool_ok(rules)
+            if missing:
+                continue
+            measured = evaluate(slos, rules, interval_s, work / f"{prefix}run", groups=groups)
+            result.update({f"{prefix}{k}": round(v, 4) for k, v in measured.items()})
         if missing:
             print(f"{missing} not installed ({INSTALL_HINT}): no rule evaluation", file=sys.stderr)
         else:
-            measured = evaluate(slos, rules, interval_s, work)
-            result.update({k: round(v, 4) for k, v in measured.items()})
-    for key in ("generate_s", "series_per_slo", "rule_eval_s"):
+            ratio = float(result["per_slo_rule_eval_s"]) / float(result["rule_eval_s"])  # type: ignore[arg-type]
+            result["rule_eval_ratio"] = round(ratio, 1)
+    for key in ("generate_s", "series_per_slo", "rule_eval_s", "per_slo_rule_eval_s"):
         print(f"{key}: {result.get(key)}")
     print(json.dumps(result))
 
