@@ -29,9 +29,10 @@ $(CONSOLE)/static/vendor/.stamp: $(CONSOLE)/package.json $(CONSOLE)/package-lock
 	cd $(CONSOLE) && npm ci --ignore-scripts --no-audit --no-fund && node build.mjs
 	touch $@
 
-# Live goodput of a replayed Azure LLM trace (docs/demo.md); DURATION=60 bounds the run.
-# ENGINE=vllm (default): control plane + real vLLM prefill and decode + the PD gateway.
-# ENGINE=sim: the same stack on H100-modelled sim workers; ENGINE=model: no engine at all.
+# The control loops on live traffic (docs/demo.md): overload without control, then with it,
+# each action printed, a comparison at the end; DURATION sets the scenario (180 s).
+# ENGINE=vllm (default): control plane + real vLLM 1 prefill + 2 decode + PD gateways.
+# ENGINE=sim: the same on H100-modelled sim workers; ENGINE=model: the trace replay, no engine.
 ENGINE ?= vllm
 demo: install
 	$(BIN)/python -m goodput demo --engine $(ENGINE) $(if $(DURATION),--duration $(DURATION))

@@ -52,6 +52,11 @@ def describe_move(move: Mapping[str, Any]) -> str:
     before, after = predicted.get("before") or {}, predicted.get("after") or {}
     if "goodput_rps" in before and "goodput_rps" in after:
         split = f"{after.get('num_prefill', 0):g}P:{after.get('num_decode', 0):g}D"
+        if max(before["goodput_rps"], after["goodput_rps"]) <= 0 and "headroom_ratio" in after:
+            return (
+                f"no split meets the SLO at this load: most headroom at {split} "
+                f"({before.get('headroom_ratio', 0.0):.2f} → {after['headroom_ratio']:.2f})"
+            )
         return (
             f"predicted goodput {before['goodput_rps']:.2f} → {after['goodput_rps']:.2f} req/s "
             f"at {split}"
