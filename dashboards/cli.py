@@ -20,8 +20,8 @@ from controlplane.schemas.slo import SLOPublic
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
 from dashboards.export import generated_files
-from dashboards.rules import RulesError, SLORuleSource
-from dashboards.shared_rules import render_shared_rules
+from dashboards.rules import SLORuleSource
+from dashboards.shared_rules import render_shared_rules, unalertable
 
 __all__ = ["register"]
 
@@ -77,11 +77,9 @@ def export_rules(
     """Write the recording and alert rules of every live SLO (docs/dashboards.md)."""
     settings = ctx.obj if isinstance(ctx.obj, Settings) else Settings()
     slos = asyncio.run(_live_slos(settings))
-    try:
-        text = render_shared_rules(slos, base_url=base_url)
-    except RulesError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+    text = render_shared_rules(slos, base_url=base_url)
+    for reason in unalertable(slos):
+        typer.echo(f"warning: not alerted on: {reason}", err=True)
     if str(file) == "-":
         sys.stdout.write(text)
         return

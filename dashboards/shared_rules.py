@@ -32,8 +32,8 @@ Alerts join the info series ``on (slo) group_left (slo_id, slo_version, objectiv
 those labels are on the alert and its annotations template them (summary, description,
 ``objective``, ``slo_version``, ``runbook_url``). The file depends on the registry only
 through the set of compliance windows and whether an SLO has an availability target; the
-SLOs are still checked one by one (:class:`~dashboards.rules.RulesError` for an SLO whose
-alerts cannot fire).
+SLOs are still checked one by one: an SLO whose alerts cannot fire is named, with why, in a
+comment at the top of the file (:func:`unalertable`), and the per-SLO file refuses it.
 
 Example::
 
@@ -48,6 +48,7 @@ from typing import Any
 from dashboards._windows import ALERT_WINDOWS, SLI_WINDOWS, AlertWindow, duration, seconds
 from dashboards.rules import (
     _HEADER,
+    RulesError,
     SLORuleSource,
     _alert_windows,
     _group_lines,
@@ -56,7 +57,7 @@ from dashboards.rules import (
     fleet_rule_group,
 )
 
-__all__ = ["render_shared_rules", "shared_rules_document"]
+__all__ = ["render_shared_rules", "shared_rules_document", "unalertable"]
 
 Rule = dict[str, Any]
 
@@ -243,12 +244,12 @@ def _window_group(window_s: int, slis: set[str], base_url: str) -> dict[str, Any
 
 def shared_rules_document(slos: Iterable[SLORuleSource], *, base_url: str) -> dict[str, Any]:
     """The rule file for all SLOs (as data): the fleet group, ``goodput-slos`` and one group
-    per distinct compliance window, shortest first. Raises
-    :class:`~dashboards.rules.RulesError` for the first SLO that cannot be expressed."""
+    per distinct compliance window, shortest first. An SLO that no burn-rate alert can page
+    on (:func:`unalertable`) is still recorded: its alerts are the window group's, whose
+    threshold its error ratio can never cross; one SLO never takes the others' file down."""
     windows: dict[int, set[str]] = {}
     for slo in sorted(slos, key=lambda s: s.name):
         for sli in _slis(slo):
-            _alert_windows(slo, sli)  # raises for an inexpressible SLO
             windows.setdefault(slo.window_s, set()).add(sli.name)
     groups = [fleet_rule_group()]
     if windows:
@@ -258,10 +259,28 @@ def shared_rules_document(slos: Iterable[SLORuleSource], *, base_url: str) -> di
     return {"groups": groups}
 
 
+def unalertable(slos: Iterable[SLORuleSource]) -> list[str]:
+    """Why each SLO that cannot be paged on cannot be (the per-SLO layout's
+    :class:`~dashboards.rules.RulesError` message, naming the SLO, the field and the allowed
+    values), in SLO name order; empty when every SLO can be."""
+    reasons = []
+    for slo in sorted(slos, key=lambda s: s.name):
+        for sli in _slis(slo):
+            try:
+                _alert_windows(slo, sli)
+            except RulesError as exc:
+                reasons.append(str(exc))
+                break
+    return reasons
+
+
 def render_shared_rules(slos: Iterable[SLORuleSource], *, base_url: str) -> str:
     """:func:`shared_rules_document` as rule-file text (block style, one rule per line in
-    JSON flow style, as :func:`dashboards.rules.render_rules`)."""
-    lines = list(_HEADER)
+    JSON flow style, as :func:`dashboards.rules.render_rules`); each SLO that cannot be
+    paged on is named, with why, in a comment at the top."""
+    slos = list(slos)
+    title, *rest = _HEADER
+    lines = [title, *(f"# not alerted on: {reason}" for reason in unalertable(slos)), *rest]
     for group in shared_rules_document(slos, base_url=base_url)["groups"]:
         lines.extend(_group_lines(group))
     return "\n".join(lines) + "\n"

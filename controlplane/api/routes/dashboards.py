@@ -13,8 +13,11 @@ All need ``viewer``; a tenant-scoped key gets its tenant's SLOs only (the file f
 then has the groups of its SLOs' compliance windows, whose rules still cover every SLO whose
 series the Prometheus holds). The files change with the registry: an update shows in the
 annotations' ``slo_version`` (in the file for all SLOs, through the ``goodput_slo_info``
-series it joins), a deleted SLO's rules are gone. An SLO whose rules cannot be expressed is
-a 422 naming the SLO and the field (no rule file is produced rather than a broken one).
+series it joins), a deleted SLO's rules are gone. An SLO whose alerts cannot fire (a window
+under the page alert's hour, or a target too loose for a burn-rate threshold below 100 %
+errors) gets a 422 naming the SLO, the field and the allowed values from its own file; the
+file for all SLOs names it in a comment at its top and serves the others (one SLO never
+takes every alert down).
 """
 
 from __future__ import annotations

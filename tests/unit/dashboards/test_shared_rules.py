@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.rules import RulesError
-from dashboards.shared_rules import render_shared_rules, shared_rules_document
+from dashboards.rules import RulesError, render_rules
+from dashboards.shared_rules import render_shared_rules, shared_rules_document, unalertable
 from tests.unit.dashboards.slos import make_slo
 from tests.unit.dashboards.test_rules import BASE, PROMTOOL, _shapes, needs_promtool
 
@@ -79,11 +79,20 @@ def test_factors_are_constants_of_the_window_group() -> None:
     )
 
 
-def test_inexpressible_slo_is_refused() -> None:
-    with pytest.raises(RulesError, match="slo 'loose'"):
-        render_shared_rules([make_slo("fine"), make_slo("loose", target=0.9)], base_url=BASE)
-    with pytest.raises(RulesError, match="window_s must be >= 3600"):
-        render_shared_rules([make_slo("short", window_s=1_800)], base_url=BASE)
+def test_an_slo_that_cannot_be_paged_on_is_named_and_keeps_the_others_file() -> None:
+    text = render_shared_rules(
+        [make_slo("fine"), make_slo("loose", target=0.9), make_slo("short", window_s=1_800)],
+        base_url=BASE,
+    )
+    head = text.splitlines()[:4]
+    assert head[1].startswith("# not alerted on: slo 'loose': target 0.9 with window_s")
+    assert head[2].startswith("# not alerted on: slo 'short': window_s must be >= 3600")
+    assert head[3] == "groups:"
+    names = [g["name"] for g in yaml.safe_load(text)["groups"]]
+    assert names == ["goodput-fleet", "goodput-slos", "goodput-slos-30m", "goodput-slos-30d"]
+    assert unalertable([make_slo("fine")]) == []
+    with pytest.raises(RulesError, match="slo 'loose'"):  # the per-SLO file refuses it
+        render_rules([make_slo("loose", target=0.9)], base_url=BASE)
 
 
 def test_no_slo_leaves_the_fleet_group() -> None:
