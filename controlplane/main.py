@@ -43,7 +43,6 @@ from controlplane.admission_runtime import admission_lifespan
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
 from controlplane.api.limits import RequestLimits
-from controlplane.api.security_headers import SecurityHeaders
 from controlplane.api.routes import (
     audit,
     automation,
@@ -61,6 +60,7 @@ from controlplane.api.routes import (
     sessions,
     slos,
 )
+from controlplane.api.security_headers import SecurityHeaders
 from controlplane.console import mount_console
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
@@ -130,10 +130,10 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
     app.state.metrics_registry = app_registry()
     install_error_handlers(app)
     app.add_middleware(RequestLimits, settings=settings)
-    app.add_middleware(SecurityHeaders)  # outermost: also on the limits' own answers
     # JSON, pages and static files gzip-compressed; event streams are never buffered: the
     # middleware leaves text/event-stream alone (Starlette's default exclusions).
     app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=6)
+    app.add_middleware(SecurityHeaders)  # outermost: also on the limits' own answers
     # Outside /api/v1, with the errors any route may answer (its query, the key's database).
     app.include_router(health.router, responses=responses(422, 429, 503))
     app.include_router(metrics.router, responses=responses(422, 429, 503))
