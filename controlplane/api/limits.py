@@ -42,7 +42,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 
 from controlplane.api.auth import PRINCIPAL_SCOPE_KEY, bearer_credentials, route_requirements
@@ -52,6 +52,7 @@ from controlplane.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from controlplane.ingest.otlp_codec import rpc_status
 from controlplane.settings import Settings
 
 __all__ = ["BodyTooLargeError", "RequestLimits", "TokenBuckets", "body_limit"]
@@ -91,10 +92,23 @@ def body_limit(path: str, settings: Settings) -> tuple[int, str]:
     return settings.max_request_bytes, "max_request_bytes"
 
 
-def _error(exc: GoodputError, headers: dict[str, str] | None = None) -> JSONResponse:
+# OTLP/HTTP answers errors as a google.rpc.Status in the request's encoding (the receiver's
+# own errors do the same: controlplane.api.routes.otlp).
+_OTLP_PATH = "/v1/traces"
+_RPC_CODES = {401: 16, 403: 7, 413: 8, 429: 8, 503: 14}
+
+
+def _error(
+    exc: GoodputError, headers: dict[str, str] | None = None, scope: Scope | None = None
+) -> Response:
     extra = dict(headers or {})
     if isinstance(exc, UnauthenticatedError):
         extra["WWW-Authenticate"] = "Bearer"
+    if scope is not None and scope["path"] == _OTLP_PATH:
+        content_type = Request(scope).headers.get("content-type", "")
+        code = _RPC_CODES.get(exc.status_code, 2)
+        body, media = rpc_status(code, exc.message, content_type)
+        return Response(body, status_code=exc.status_code, media_type=media, headers=extra)
     return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=extra)
 
 
@@ -184,7 +198,7 @@ class RequestLimits:
             await response(scope, receive, send)
             return
         client = (scope.get("client") or ("", 0))[0]
-        refused = self._rate_limited(scope, client)
+        refused: Response | None = self._rate_limited(scope, client)
         if refused is None and scope["method"] in _BODY_METHODS:
             refused = await self._refuse_early(scope)
             if refused is None:
@@ -219,7 +233,7 @@ class RequestLimits:
                 )
         return None
 
-    async def _refuse_early(self, scope: Scope) -> JSONResponse | None:
+    async def _refuse_early(self, scope: Scope) -> Response | None:
         """The 413 of a declared length over the limit, or the route's 401/403."""
         limit, setting = body_limit(scope["path"], self.settings)
         declared = Request(scope).headers.get("content-length", "")
@@ -228,7 +242,8 @@ class RequestLimits:
                 PayloadTooLargeError(
                     f"body must be at most {limit} bytes (setting {setting}), "
                     f"got Content-Length {declared}"
-                )
+                ),
+                scope=scope,
             )
         route = _route(scope)
         if route is None:
