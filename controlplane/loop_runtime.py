@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 _STOP_GRACE_S = 5.0
 
 
-class ControlLoop:
+class ControlLoop(ABC):
     """A control loop (see the module docstring). Subclasses set ``name``, give
     ``interval_s`` and ``tick``, and make their own state in ``setup``."""
 
@@ -70,16 +71,17 @@ class ControlLoop:
         self._task: asyncio.Task[None] | None = None
         self.setup()
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # noqa: B027 (optional hook: a loop without state of its own)
         """The subclass's own state (its settings are ``self.settings``)."""
 
     @property
+    @abstractmethod
     def interval_s(self) -> float:
-        raise NotImplementedError
+        """Seconds between ticks (read from the loop's settings)."""
 
+    @abstractmethod
     async def tick(self) -> object:
         """One round; raises when it fails (the loop counts and logs it)."""
-        raise NotImplementedError
 
     async def start(self) -> None:
         self.learner.attach()
