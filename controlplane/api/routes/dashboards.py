@@ -45,7 +45,29 @@ _PAGE = 1000
 _YAML: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A Prometheus rule file (`promtool check rules` accepts it)",
-        "content": {"application/yaml": {"schema": {"type": "string"}}},
+        # The schema describes the parsed document (OpenAPI's reading of a YAML body).
+        "content": {
+            "application/yaml": {
+                "schema": {
+                    "type": "object",
+                    "required": ["groups"],
+                    "properties": {
+                        "groups": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "rules"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "interval": {"type": "string"},
+                                    "rules": {"type": "array", "items": {"type": "object"}},
+                                },
+                            },
+                        }
+                    },
+                }
+            }
+        },
     }
 }
 
