@@ -19,13 +19,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from exporters.fleet import PoolRole
+from exporters.prometheus import KVTransferExporter
+from exporters.sinks import FanoutSink, RecordSink
 from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
 from serving.sim.instance import InstanceConfig
 from serving.sim.latency_model import LatencyModel, get_profile, profile_names
 from serving.sim.worker.control import SimWorkerControl
 from serving.sim.worker.engine import SimEngine
 from serving.sim.worker.handoff import KVHandoff
+from serving.sim.worker.records import EngineRecords
 from serving.sim.worker.server import ServerSettings, create_app
 from serving.workers.agent import Agent, AgentSettings
 
@@ -143,18 +148,23 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     logging.getLogger("httpx").setLevel(logging.WARNING)
     stops: list[Callable[[], object]] = []
     extra_info = None
-    if spec.control_plane and spec.ingest_key:  # engine records, as the vLLM plugin ships
+    # Engine records: the KV hand-off metrics on /metrics, and the control plane's ingest
+    # (as the vLLM plugin ships them) when one is given.
+    registry = CollectorRegistry(auto_describe=False)
+    sinks: list[RecordSink] = [KVTransferExporter(registry)]
+    if spec.control_plane and spec.ingest_key:
         from exporters.transport import ControlPlaneExporter
-        from serving.sim.worker.records import EngineRecords
 
         exporter = ControlPlaneExporter(
             spec.control_plane, api_key=spec.ingest_key, exporter_id=f"sim-{spec.host}:{spec.port}"
         )
-        EngineRecords(engine, exporter, model=settings.served_model_name).attach()
+        sinks.append(exporter)
         stops.append(lambda: exporter.shutdown(timeout_s=5.0))
 
         def extra_info() -> dict[str, Any]:
             return {"engine_records": asdict(exporter.stats())}
+
+    EngineRecords(engine, FanoutSink(*sinks), model=settings.served_model_name).attach()
 
     runner = None
     if agent is not None:
@@ -169,6 +179,7 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
         on_start=runner.start if runner is not None else None,
         on_stop=lambda: _run_all(stops),
         extra_info=extra_info,
+        registry=registry,
     )
     logging.getLogger(__name__).info(
         "sim worker %s: %s (%s batching, max_num_seqs %d, KV %d tokens, max_model_len %d, "

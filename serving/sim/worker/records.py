@@ -9,6 +9,12 @@ and decode times, token counts, finish reason), all from the modelled schedule p
 the wall clock (virtual 0 = the wall time the engine started). Request ids are the
 ``x-request-id`` each leg was sent with, so the gateway's record joins the decode leg's
 and ``<id>-prefill`` names the prefill leg's.
+
+A decode leg whose prompt's KV cache came from another worker carries what vLLM's
+finished-request stats cannot tell: ``kv_bytes`` (its prompt tokens × the model's KV bytes
+per token, as the plugin computes it) and the hand-off phases, ``KV_HANDOFF_START`` at its
+arrival (the fetch starts at once) and ``KV_HANDOFF_END`` when the modelled transfer landed
+(:meth:`~serving.sim.worker.engine.SimEngine.transfer_s` over the worker's link).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from exporters.records import Phase
 from exporters.sinks import RecordSink
 from serving.sim.worker.engine import SimEngine, SimRequest
 from serving.vllm_plugin.records import EngineRecordBuilder
@@ -81,4 +88,9 @@ class EngineRecords:
             num_generation_tokens=request.seen,
             num_cached_tokens=request.cached_tokens,
         )
-        self.exporter.export(self.builder.build(finished, self.engine.wall_at_zero_s + at_s))
+        record = self.builder.build(finished, self.engine.wall_at_zero_s + at_s)
+        if request.external_tokens and math.isfinite(job.kv_end_s):
+            phases = record.phase_offsets_us
+            phases[Phase.KV_HANDOFF_START] = 0
+            phases[Phase.KV_HANDOFF_END] = round(max(0.0, job.kv_end_s - request.arrival_s) * 1e6)
+        self.exporter.export(record)

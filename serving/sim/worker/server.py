@@ -257,10 +257,14 @@ def create_app(
     on_start: Callable[[], None] | None = None,
     on_stop: Callable[[], None] | None = None,
     extra_info: Callable[[], dict[str, Any]] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> Starlette:
     """The sim worker's app; ``on_start``/``on_stop`` run in its lifespan (the agent);
-    ``extra_info`` adds entries to ``GET /sim`` (the record exporter's counters)."""
-    registry = CollectorRegistry(auto_describe=False)
+    ``extra_info`` adds entries to ``GET /sim`` (the record exporter's counters);
+    ``registry``: what ``/metrics`` serves besides the engine's families (a new one when
+    absent)."""
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, settings.served_model_name))
     block_tokens = engine.config.prefix_block_tokens
 

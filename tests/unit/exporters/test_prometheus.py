@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from exporters._reference import reference_gaps_s, reference_latencies
 from exporters.buckets import LATENCY_BUCKETS_S, bucket_index, validate_buckets
-from exporters.prometheus import OVERFLOW_LABEL, PrometheusExporter
+from exporters.prometheus import OVERFLOW_LABEL, KVTransferExporter, PrometheusExporter
 from exporters.records import NUM_PHASES, Labels, Phase, RequestRecord, Status, Vantage
 
 GW = {"model": "llama", "vantage": "gateway"}
@@ -251,3 +251,48 @@ def test_bucket_counts_match_a_brute_force_count(batch: list[RequestRecord]) -> 
             assert bucket(registry, metric, repr(le)) == sum(v <= le for v in defined)
         assert registry.get_sample_value(f"{metric}_count", GW) == len(defined)
         assert registry.get_sample_value(f"{metric}_sum", GW) == pytest.approx(sum(defined))
+
+
+def kv_record(
+    kv_bytes: int, handoff_ms: tuple[float, float] | None, *, model: str = "llama"
+) -> RequestRecord:
+    rec = record([50.0, 60.0], vantage=Vantage.ENGINE, model=model)
+    rec.kv_bytes = kv_bytes
+    if handoff_ms is not None:
+        rec.phase_offsets_us[Phase.KV_HANDOFF_START] = round(handoff_ms[0] * 1000)
+        rec.phase_offsets_us[Phase.KV_HANDOFF_END] = round(handoff_ms[1] * 1000)
+    return rec
+
+
+def test_kv_transfer_bytes_and_handoff_times_per_model_and_vantage() -> None:
+    registry = CollectorRegistry()
+    exporter = KVTransferExporter(registry)
+    text = generate_latest(registry).decode()  # declared before any record
+    assert "# TYPE goodput_kv_transfer_bytes_total counter" in text
+    assert "# TYPE goodput_kv_transfer_seconds histogram" in text
+    exporter.export(kv_record(1_000, (0.0, 4.0)))
+    exporter.export(kv_record(3_000, (1.0, 21.0)))
+    exporter.export(kv_record(0, None))  # a prefill leg: no series of its own
+    exporter.export(kv_record(0, None, model="other"))
+    labels = {"model": "llama", "vantage": "engine"}
+    assert registry.get_sample_value("goodput_kv_transfer_bytes_total", labels) == 4_000
+    assert registry.get_sample_value("goodput_kv_transfer_seconds_count", labels) == 2
+    assert registry.get_sample_value("goodput_kv_transfer_seconds_sum", labels) == pytest.approx(
+        0.024
+    )
+    le = {**labels, "le": "0.005"}
+    assert registry.get_sample_value("goodput_kv_transfer_seconds_bucket", le) == 1
+    le = {**labels, "le": "0.025"}
+    assert registry.get_sample_value("goodput_kv_transfer_seconds_bucket", le) == 2
+    other = {"model": "other", "vantage": "engine"}
+    assert registry.get_sample_value("goodput_kv_transfer_bytes_total", other) is None
+
+
+def test_kv_transfer_label_sets_are_bounded() -> None:
+    registry = CollectorRegistry()
+    exporter = KVTransferExporter(registry, max_label_sets=1)
+    exporter.export(kv_record(10, None, model="a"))
+    exporter.export(kv_record(20, None, model="b"))
+    overflow = {"model": OVERFLOW_LABEL, "vantage": "engine"}
+    assert registry.get_sample_value("goodput_kv_transfer_bytes_total", overflow) == 20
+    assert exporter.num_overflow_records == 1

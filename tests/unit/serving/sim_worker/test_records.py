@@ -51,6 +51,12 @@ async def test_one_record_per_leg_with_modelled_times_and_the_transferred_kv() -
     assert decode_record.emission_offsets_us[0] == pytest.approx(first * 1e6, abs=2)
     assert decode_record.kv_bytes == 1500 * engine.kv_bytes_per_token
     assert decode_record.cached_tokens == 1500
+    # The hand-off: from the leg's arrival until the modelled transfer landed.
+    assert decode_record.phase_offsets_us[Phase.KV_HANDOFF_START] == 0
+    handoff_us = decode_record.phase_offsets_us[Phase.KV_HANDOFF_END]
+    assert handoff_us == pytest.approx(engine.transfer_s(1500) * 1e6, abs=2)
+    assert (prefill_record.phase_offsets_us[[Phase.KV_HANDOFF_START, Phase.KV_HANDOFF_END]]
+            == -1).all()  # fmt: skip
     # Arrival on the wall clock: the engine's origin plus the virtual arrival.
     arrival_s = engine.wall_at_zero_s + remote.arrival_s
     assert decode_record.arrival_time_ns == pytest.approx(arrival_s * 1e9, abs=2_000)
