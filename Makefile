@@ -39,7 +39,8 @@ demo: install
 
 # All tiers (unit, integration, faults, e2e); the ones needing vLLM or a browser skip
 # themselves only when their extra is not installed, and say so. tests/faults (marker
-# `faults`: kill -9, database outage, stalled control plane, decoder fuzzing) takes ~4 min.
+# `faults`: kill -9 of the control plane, a worker and a gateway, a 30 s database outage, a
+# stalled control plane, decoder fuzzing) takes ~5 min.
 test: install
 	bash scripts/ensure_services.sh
 	$(BIN)/pytest -q

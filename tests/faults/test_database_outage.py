@@ -27,7 +27,7 @@ from tests.integration.controlplane.conftest import PG_URL, create_schema, drop_
 
 pytestmark = pytest.mark.faults
 
-OUTAGE_S = 8.0
+OUTAGE_S = 30.0  # as long as a managed PostgreSQL failover can take
 
 
 class CuttableProxy:
