@@ -469,8 +469,12 @@ class _RuntimeCollector:
 
 
 def app_registry() -> CollectorRegistry:
-    """A registry of the app's own (process and platform metrics; never the global one)."""
+    """A registry of the app's own (process and platform metrics, the commands counted by
+    :mod:`controlplane.loop_metrics`; never the global one)."""
+    from controlplane.loop_metrics import command_collector
+
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    registry.register(command_collector())
     return registry

@@ -51,6 +51,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.learner_runtime import count_decode_instances
+from controlplane.loop_metrics import PlannerCollector
 from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.planner_snapshot import build_snapshot
@@ -93,6 +94,8 @@ class PlannerRuntime(ControlLoop):
         )
         self.last_tick: TickPublic | None = None
         self.last_plan: Plan | None = None
+        # Moves started, by the pool they move to (goodput_planner_moves_total).
+        self.moves_started: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -159,6 +162,10 @@ class PlannerRuntime(ControlLoop):
                     timings=self.timings,
                 )
                 moves.append(row.id)
+        # Committed: count the moves and keep the plan (controlplane.loop_metrics).
+        for move in result.moves:
+            role = move.to_role.value
+            self.moves_started[role] = self.moves_started.get(role, 0) + 1
         self.last_plan = result
         return self._done(
             now,
@@ -334,7 +341,18 @@ class PlannerRuntime(ControlLoop):
 @asynccontextmanager
 async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the planner on ``app.state.planner`` when ``settings.planner_enabled``
-    (:func:`controlplane.loop_runtime.loop_lifespan`)."""
+    (:func:`controlplane.loop_runtime.loop_lifespan`), its metrics
+    (:class:`~controlplane.loop_metrics.PlannerCollector`) on the app's registry."""
     settings: Settings = app.state.settings
     async with loop_lifespan(app, PlannerRuntime, enabled=settings.planner_enabled):
-        yield
+        planner = app.state.planner
+        registry = getattr(app.state, "metrics_registry", None)
+        if planner is None or registry is None:
+            yield
+            return
+        collector = PlannerCollector(planner)
+        registry.register(collector)
+        try:
+            yield
+        finally:
+            registry.unregister(collector)

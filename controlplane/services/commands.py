@@ -11,17 +11,26 @@ Issuing and acknowledging are audited (``command.issue``, ``command.ack``); poll
 (agents poll every few seconds). Acknowledgements are idempotent: once a command is acked
 or failed, later acks (a retried POST, the ack of a re-delivery) answer the command as it
 stands and change nothing, so the first answer wins.
+
+:data:`COMMAND_COUNTS` counts, per kind, the commands that entered each state (``pending``:
+issued; ``delivered``: every delivery, re-deliveries too; ``acked``, ``failed``;
+``expired``: found expired at its target's next poll), once the transaction that made the
+change commits: a rolled-back issue counts nothing. The control plane exports them as
+``goodput_commands_total{kind, state}`` (:mod:`controlplane.loop_metrics`).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from controlplane.errors import ConflictError, InvalidInputError, NotFoundError
 from controlplane.models import Command, CommandState
@@ -32,9 +41,11 @@ from exporters.commands import Command as WireCommand
 from exporters.commands import CommandAck, CommandError, CommandKind, command_to_json
 
 __all__ = [
+    "COMMAND_COUNTS",
     "MAX_DELIVERY",
     "NO_EXPIRY_TTL",
     "REDELIVER_AFTER",
+    "CommandCounts",
     "CommandFilter",
     "acknowledge",
     "command_public",
@@ -53,6 +64,42 @@ MAX_DELIVERY = 100  # commands per poll; the rest come at the next poll
 NO_EXPIRY_TTL = timedelta(days=1)
 _OPEN = (CommandState.PENDING, CommandState.DELIVERED)
 _DONE = (CommandState.ACKED, CommandState.FAILED)
+_PENDING_COUNTS = "goodput.command_counts"
+
+
+class CommandCounts:
+    """Commands that entered each state, per ``(kind, state)``; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def add(self, kind: str, state: str, count: int = 1) -> None:
+        with self._lock:
+            self._counts[kind, state] = self._counts.get((kind, state), 0) + count
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+COMMAND_COUNTS = CommandCounts()
+
+
+def _count(session: AsyncSession, kind: str, state: CommandState, count: int = 1) -> None:
+    """Count ``count`` commands of ``kind`` entering ``state`` when ``session`` commits."""
+    session.info.setdefault(_PENDING_COUNTS, []).append((kind, state.value, count))
+
+
+@event.listens_for(Session, "after_commit")
+def _committed(session: Session) -> None:
+    for kind, state, count in session.info.pop(_PENDING_COUNTS, ()):
+        COMMAND_COUNTS.add(kind, state, count)
+
+
+@event.listens_for(Session, "after_rollback")
+def _rolled_back(session: Session) -> None:
+    session.info.pop(_PENDING_COUNTS, None)
 
 
 def _ns(moment: datetime) -> int:
@@ -95,6 +142,7 @@ async def _store(session: AsyncSession, command: Command, *, actor: str, now: da
     transaction."""
     session.add(command)
     await session.flush()
+    _count(session, command.kind, CommandState.PENDING)
     await _audit(session, command, "command.issue", before=None, actor=actor, now=now)
 
 
@@ -181,7 +229,7 @@ async def issue(
 async def deliver(session: AsyncSession, member_id: str, *, now: datetime) -> list[Command]:
     """The commands due for ``member_id`` (oldest first), marked delivered; open commands
     past their expiry become ``expired`` first. An unknown member has none."""
-    await session.execute(
+    expired = await session.scalars(
         sa.update(Command)
         .where(
             Command.target == member_id,
@@ -190,8 +238,11 @@ async def deliver(session: AsyncSession, member_id: str, *, now: datetime) -> li
             Command.expires_at <= now,
         )
         .values(state=CommandState.EXPIRED)
+        .returning(Command.kind)
         .execution_options(synchronize_session=False)
     )
+    for kind in expired.all():
+        _count(session, kind, CommandState.EXPIRED)
     due = sa.or_(
         Command.state == CommandState.PENDING,
         sa.and_(
@@ -212,6 +263,7 @@ async def deliver(session: AsyncSession, member_id: str, *, now: datetime) -> li
         command.state = CommandState.DELIVERED
         command.delivered_at = now
         command.attempts += 1
+        _count(session, command.kind, CommandState.DELIVERED)
     await session.flush()
     return rows
 
@@ -253,6 +305,7 @@ async def acknowledge(
         return command
     before = _snapshot(command)
     command.state = CommandState.ACKED if ack.ok else CommandState.FAILED
+    _count(session, command.kind, command.state)
     command.acked_at = now
     command.observed_effect = {**(command.observed_effect or {}), "ack": ack.to_json()}
     await session.flush()

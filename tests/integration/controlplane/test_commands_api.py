@@ -4,6 +4,7 @@ PostgreSQL and SQLite, and once with the real worker agent over loopback HTTP.""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import uuid
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from controlplane.db import utcnow
-from controlplane.models import Command, Role
+from controlplane.models import Command, CommandState, Role
 from exporters.commands import CommandAck, CommandKind, command_from_json
 from serving.workers.agent import Agent, AgentReport, AgentSettings
 
@@ -315,3 +316,43 @@ async def test_real_agent_over_loopback(
         await asyncio.to_thread(agent.stop)
         server.should_exit = True
         await serving
+
+
+def command_counts(text: str) -> dict[tuple[str, str], float]:
+    """``goodput_commands_total`` samples of a /metrics text, by ``(kind, state)``."""
+    pattern = re.compile(r'^goodput_commands_total\{kind="([a-z_]+)",state="([a-z]+)"\} (\S+)$')
+    found = (pattern.match(line) for line in text.splitlines())
+    return {(m[1], m[2]): float(m[3]) for m in found if m}
+
+
+async def test_metrics_count_commands_by_kind_and_state(
+    client: httpx.AsyncClient, operator_headers: dict[str, str], agent_headers: dict[str, str]
+) -> None:
+    before = command_counts((await client.get("/metrics", headers=operator_headers)).text)
+    # Every kind and state from the start (counters at 0 until something happens).
+    assert len(before) == len(CommandKind) * len(CommandState)
+    acked = await issue(client, operator_headers, drain())
+    refused = await issue(client, operator_headers, {"kind": "resume", "target": MEMBER})
+    await issue(client, operator_headers, drain(target=OTHER, ttl_s=0.001))
+    await asyncio.sleep(0.01)
+    assert len(await poll(client, agent_headers)) == 2
+    assert await poll(client, agent_headers, OTHER) == []  # expired at this poll
+    for command, ok in ((acked, True), (refused, False)):
+        path = f"/api/v1/fleet/{MEMBER}/commands/{command['id']}/ack"
+        response = await client.post(path, json=ack_of(command["id"], ok=ok), headers=agent_headers)
+        assert response.status_code == 200, response.text
+    # A refused issue (unknown target) rolls back and counts nothing.
+    response = await client.post("/api/v1/commands", json=drain(target="nobody:1"),
+                                 headers=operator_headers)  # fmt: skip
+    assert response.status_code == 404
+    after = command_counts((await client.get("/metrics", headers=operator_headers)).text)
+    delta = {key: after[key] - before[key] for key in after if after[key] != before[key]}
+    assert delta == {
+        ("drain", "pending"): 2,
+        ("resume", "pending"): 1,
+        ("drain", "delivered"): 1,
+        ("resume", "delivered"): 1,
+        ("drain", "expired"): 1,
+        ("drain", "acked"): 1,
+        ("resume", "failed"): 1,
+    }

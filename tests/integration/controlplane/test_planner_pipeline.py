@@ -347,3 +347,37 @@ async def test_a_busy_worker_switches_after_the_drain_timeout(
     assert (await move_of(client, operator_headers, move_id))["state"] == "done"
     moved = fleet.workers[move["member_id"]]
     assert moved.role == "prefill" and moved.running == 3  # its streams carried on
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """``{label value: value}`` of a one-label family in a /metrics text."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('"')[1]] = float(value)
+    return out
+
+
+async def test_metrics_show_moves_and_the_last_prediction(
+    client: httpx.AsyncClient,
+    operator_headers: dict[str, str],
+    fleet: Fleet,
+    demand: None,
+) -> None:
+    before = (await client.get("/metrics", headers=operator_headers)).text
+    assert samples(before, "goodput_planner_moves_total") == {
+        "prefill": 0.0,
+        "decode": 0.0,
+        "both": 0.0,
+    }
+    assert "# TYPE goodput_planner_predicted_goodput_rps gauge" in before
+    assert samples(before, "goodput_planner_predicted_goodput_rps") == {}  # no tick yet
+    (move_id,) = (await tick(client, operator_headers))["moves_started"]
+    predicted = (await move_of(client, operator_headers, move_id))["predicted_effect"]
+    after = (await client.get("/metrics", headers=operator_headers)).text
+    assert samples(after, "goodput_planner_moves_total")["prefill"] == 1.0
+    gauges = samples(after, "goodput_planner_predicted_goodput_rps")
+    assert gauges["current"] == pytest.approx(predicted["before"]["goodput_rps"])
+    assert gauges["target"] == pytest.approx(predicted["after"]["goodput_rps"])
+    assert gauges["best"] == pytest.approx(predicted["best"]["goodput_rps"])

@@ -1,0 +1,95 @@
+"""What the control loops do, on the control plane's ``/metrics``.
+
+* ``goodput_commands_total{kind, state}``: commands that entered each state, per kind
+  (:data:`controlplane.services.commands.COMMAND_COUNTS`, counted when their transaction
+  commits): ``pending`` (issued, by an operator or a loop), ``delivered`` (every delivery,
+  re-deliveries too), ``acked``, ``failed``, ``expired`` (found expired at the target's next
+  poll). Every kind and state is exported from the start, at 0.
+* ``goodput_planner_moves_total{to_role}``: role moves the PD planner started, by the pool
+  the instance moves to (``prefill``, ``decode``, ``both``; operators' moves are not
+  counted), from 0.
+* ``goodput_planner_predicted_goodput_rps{split}``: the planner's last tick's prediction of
+  goodput (requests/s meeting the SLO targets it plans for) for the ``current`` split, the
+  ``target`` split it moves toward this tick (the current one when it does not move) and the
+  ``best`` split it found. Absent until the planner's first tick with an SLO that constrains
+  TTFT or ITL. The observed goodput to compare with is Prometheus's own rate of
+  ``goodput_requests_total{result="good"}``.
+
+:func:`command_collector` is registered on every app registry
+(:func:`controlplane.live.app_registry`); :class:`PlannerCollector` by the planner's
+lifespan while the planner runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controlplane.models import CommandState, PoolRole
+from controlplane.services.commands import COMMAND_COUNTS, CommandCounts
+from exporters.commands import CommandKind
+
+if TYPE_CHECKING:
+    from controlplane.planner_runtime import PlannerRuntime
+
+__all__ = ["CommandCollector", "PlannerCollector", "command_collector"]
+
+SPLITS = ("current", "target", "best")
+
+
+class CommandCollector(Collector):
+    """``goodput_commands_total{kind, state}`` from ``counts``."""
+
+    def __init__(self, counts: CommandCounts = COMMAND_COUNTS) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts.snapshot()
+        family = CounterMetricFamily(
+            "goodput_commands",
+            "Commands that entered each state (pending = issued), per kind.",
+            labels=("kind", "state"),
+        )
+        kinds = [k.value for k in CommandKind]
+        kinds += sorted({k for k, _ in counts} - set(kinds))  # a kind stored by a newer version
+        for kind in kinds:
+            for state in CommandState:
+                family.add_metric([kind, state.value], counts.get((kind, state.value), 0))
+        yield family
+
+
+def command_collector() -> CommandCollector:
+    return CommandCollector()
+
+
+class PlannerCollector(Collector):
+    """``goodput_planner_*`` of one running :class:`PlannerRuntime`."""
+
+    def __init__(self, planner: PlannerRuntime) -> None:
+        self.planner = planner
+
+    def collect(self) -> Iterator[Metric]:
+        planner = self.planner
+        moves = CounterMetricFamily(
+            "goodput_planner_moves",
+            "Role moves the PD planner started, by the pool the instance moves to.",
+            labels=("to_role",),
+        )
+        started = dict(planner.moves_started)
+        for role in PoolRole:
+            moves.add_metric([role.value], started.get(role.value, 0))
+        yield moves
+        predicted = GaugeMetricFamily(
+            "goodput_planner_predicted_goodput_rps",
+            "The planner's last predicted goodput (requests/s) for the current split, the "
+            "split it moves toward, and the best split.",
+            labels=("split",),
+        )
+        plan = planner.last_plan
+        if plan is not None:
+            for split in SPLITS:
+                predicted.add_metric([split], getattr(plan, split).goodput_rps)
+        yield predicted
