@@ -290,9 +290,10 @@ class BatchView:
     def __len__(self) -> int:
         return int(self.sec.shape[0])
 
-    def selection(self, spec: SLOSpec) -> B:
-        """Rows of the spec's vantage whose labels match its selector (final or not)."""
-        mask = self._mask("vantage", str(int(spec.vantage)))
+    def selection(self, spec: SLOSpec, vantage: int | None = None) -> B:
+        """Rows of the spec's vantage (or of ``vantage``) whose labels match its selector
+        (final or not)."""
+        mask = self._mask("vantage", str(int(spec.vantage if vantage is None else vantage)))
         for key, value in spec.selector.items():
             mask = mask & self._mask(key, value)
         return mask

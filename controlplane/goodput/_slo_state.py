@@ -14,6 +14,11 @@ sketches   1 h         26 (1 d + 2 h)                          windows <= 1 d
 sketches   1 d         ceil(compliance / 1 d) + 2              longer windows
 =========  ==========  ======================================  ========================
 
+The sketch tiers are kept twice: for the requests the SLO judges, and for the OK requests
+its selector matches at the other vantage (percentiles per vantage; not judged, not in
+rollups). Rejections per priority class have counter tiers of their own, with the
+counters' ranges, made on the SLO's first rejection (:class:`RejectedByClass`).
+
 Every accepted record is counted into every ring whose range holds its finish slot; each
 window then reads one ring. Counter windows are the ``ceil(W / r)`` slots ending with the
 current one; sketch windows cover ``[now − W, now]`` rounded outward to whole slots, so a
@@ -38,7 +43,7 @@ from controlplane.goodput._sketch_adds import NUM_PROM, SketchAdds
 from controlplane.goodput.spec import SLOSpec
 from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
 
-__all__ = ["BatchCounts", "SLOState"]
+__all__ = ["MAX_CLASSES", "OTHER_CLASS", "BatchCounts", "SLOState"]
 
 B = npt.NDArray[np.bool_]
 I64 = npt.NDArray[np.int64]
@@ -46,6 +51,10 @@ I64 = npt.NDArray[np.int64]
 R = TypeVar("R", CounterRing, SketchRing)
 
 _DAY_S, _HOUR_S = 86400, 3600
+#: Priority classes whose rejections an SLO counts apart; the rejections of any further
+#: class are counted together under :data:`OTHER_CLASS`.
+MAX_CLASSES = 8
+OTHER_CLASS = "other"
 
 
 def _hours_kept(window_s: float) -> int:
@@ -88,16 +97,130 @@ def _sketch_tier(resolution_s: int, kept: int, ahead: int) -> _Tier[SketchRing]:
     return _Tier(SketchRing(resolution_s, kept + ahead, len(METRICS)), kept, ahead)
 
 
+def _counter_tiers(window_s: float, width: int) -> list[_Tier[CounterRing]]:
+    """The counter tiers: 1 s over 1 h, 1 min over 1 d, 1 h over the compliance window."""
+    return [
+        _counter_tier(1, 3600, 60, width),
+        _counter_tier(60, 1442, 2, width),
+        _counter_tier(_HOUR_S, _hours_kept(window_s), 2, width),
+    ]
+
+
+def _sketch_tiers(window_s: float) -> list[_Tier[SketchRing]]:
+    return [
+        _sketch_tier(10, 32, 7),
+        _sketch_tier(60, 122, 2),
+        _sketch_tier(_HOUR_S, 26, 2),
+        _sketch_tier(_DAY_S, _days_kept(window_s), 2),
+    ]
+
+
+def _add_to_tiers(tiers: list[_Tier[CounterRing]], seconds: I64, sums: I64, now_s: int) -> None:
+    """Add per-second counter rows (``seconds`` ascending, distinct) to every tier."""
+    for tier in tiers:
+        slots = seconds // tier.ring.resolution_s
+        firsts = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
+        slots, per_slot = slots[firsts], np.add.reduceat(sums, firsts, axis=0)
+        held = tier.holds(slots, now_s)
+        tier.ring.add(slots[held], per_slot[held])
+
+
+def _counter_window(tiers: list[_Tier[CounterRing]], window_s: float, now: float) -> I64:
+    """Counter sums over the ``ceil(W / r)`` slots ending with the current one, from the
+    finest tier that spans ``W``."""
+    tier = next((t for t in tiers if window_s <= t.kept * t.ring.resolution_s), tiers[-1])
+    r = tier.ring.resolution_s
+    last = math.floor(now) // r
+    return tier.ring.total(last - math.ceil(window_s / r) + 1, last)
+
+
+def _sketch_window(tiers: list[_Tier[SketchRing]], window_s: float, now: float) -> I64:
+    """Sketch sums over the slots that cover ``[now − W, now]``."""
+    limits = (300, _HOUR_S, _DAY_S)
+    tier = next(
+        (t for t, limit in zip(tiers, limits, strict=False) if window_s <= limit), tiers[-1]
+    )
+    r = tier.ring.resolution_s
+    return tier.ring.total(math.floor(now - window_s) // r, math.floor(now) // r)
+
+
+def _add_spans(tiers: list[_Tier[SketchRing]], adds: SketchAdds, now_s: int) -> None:
+    for slot10, metric, lo, counts in adds.spans:
+        second = slot10 * 10
+        for tier in tiers:
+            slot = second // tier.ring.resolution_s
+            if tier.holds_slot(slot, now_s):
+                tier.ring.add(slot, metric, lo, counts)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRejections:
+    """One batch's rejections of one SLO by priority class: ``names[c]`` is column ``c``
+    of ``sums``, one row per finish second ``seconds[j]`` (ascending)."""
+
+    names: list[str]
+    seconds: I64
+    sums: I64
+
+
+class RejectedByClass:
+    """Rejections of one SLO per priority class (the ``priority`` label; ``""`` when a
+    request carries none), in counter tiers of their own with the main counters' ranges
+    and resolutions, so a window sums the same slots as the SLO's ``rejected`` count.
+    One column per class seen, at most :data:`MAX_CLASSES`; later classes share the
+    column :data:`OTHER_CLASS`. Made on an SLO's first rejection: an SLO that sheds
+    nothing holds none of it."""
+
+    def __init__(self, window_s: float) -> None:
+        self.names: list[str] = []
+        self.tiers = _counter_tiers(window_s, 0)
+
+    def add(self, batch: ClassRejections, now_s: int) -> None:
+        columns = [self._column(name) for name in batch.names]
+        sums = np.zeros((batch.sums.shape[0], len(self.names)), dtype=np.int64)
+        np.add.at(sums.T, columns, batch.sums.T)
+        _add_to_tiers(self.tiers, batch.seconds, sums, now_s)
+
+    def _column(self, name: str) -> int:
+        if name in self.names:
+            return self.names.index(name)
+        if len(self.names) >= MAX_CLASSES:
+            name = OTHER_CLASS
+            if name in self.names:
+                return self.names.index(name)
+        self.names.append(name)
+        width = len(self.names)
+        for tier in self.tiers:
+            tier.ring = tier.ring.remapped([*range(width - 1), None])
+        return width - 1
+
+    def window(self, window_s: float, now: float) -> dict[str, int]:
+        """Rejections per class over the window (the classes seen, zeros included)."""
+        if not self.names:
+            return {}
+        total = _counter_window(self.tiers, window_s, now)
+        return dict(zip(self.names, (int(v) for v in total.tolist()), strict=True))
+
+    def resize(self, window_s: float) -> None:
+        self.tiers[2].resize(_hours_kept(window_s))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.ring.nbytes for t in self.tiers)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchCounts:
     """What one batch adds to one SLO's counters: ``selected`` rows (final or not, for the
-    in-flight gauge), per finish second ``seconds[j]`` the counter row ``sums[j]``, and the
-    accepted OK rows whose latencies go to the sketches."""
+    in-flight gauge), per finish second ``seconds[j]`` the counter row ``sums[j]``, the
+    accepted OK rows whose latencies go to the sketches, and the rejections by priority
+    class (``None``: none)."""
 
     selected: B
     seconds: I64
     sums: I64
     ok_rows: I64
+    rejected: ClassRejections | None = None
 
 
 class SLOState:
@@ -110,17 +233,12 @@ class SLOState:
         self.spec = spec
         self.keys: tuple[str, ...] = spec.objective_keys
         width = col.width(len(self.keys))
-        self.counters = [
-            _counter_tier(1, 3600, 60, width),
-            _counter_tier(60, 1442, 2, width),
-            _counter_tier(_HOUR_S, _hours_kept(spec.window_s), 2, width),
-        ]
-        self.sketches = [
-            _sketch_tier(10, 32, 7),
-            _sketch_tier(60, 122, 2),
-            _sketch_tier(_HOUR_S, 26, 2),
-            _sketch_tier(_DAY_S, _days_kept(spec.window_s), 2),
-        ]
+        self.counters = _counter_tiers(spec.window_s, width)
+        self.sketches = _sketch_tiers(spec.window_s)
+        # Latencies of the OK requests the selector matches at the other vantage (not
+        # judged, not persisted): percentiles per vantage beside the SLO's own.
+        self.other_sketches = _sketch_tiers(spec.window_s)
+        self.rejected_by_class: RejectedByClass | None = None
         # Lifetime totals for Prometheus counters and histograms (never decrease).
         self.totals: dict[str, int] = dict.fromkeys(("good", "bad", "rejected", "aborted"), 0)
         self.violation_totals: dict[str, int] = dict.fromkeys(self.keys, 0)
@@ -145,9 +263,15 @@ class SLOState:
                 self.violation_totals.setdefault(key, 0)
                 self.measured_totals.setdefault(key, 0)
             self.keys = keys
+        if spec.vantage != self.spec.vantage:
+            # The other vantage's latencies become the SLO's own, and the other way round.
+            self.sketches, self.other_sketches = self.other_sketches, self.sketches
         if spec.window_s != self.spec.window_s:
             self.counters[2].resize(_hours_kept(spec.window_s))
             self.sketches[3].resize(_days_kept(spec.window_s))
+            self.other_sketches[3].resize(_days_kept(spec.window_s))
+            if self.rejected_by_class is not None:
+                self.rejected_by_class.resize(spec.window_s)
         self.spec = spec
 
     # -- ingest -------------------------------------------------------------------------
@@ -184,6 +308,7 @@ class SLOState:
             seconds=sec[firsts],
             sums=np.add.reduceat(contrib, firsts, axis=0),
             ok_rows=rows[view.ok[rows]],
+            rejected=_class_rejections(view, rows[view.rejected[rows]]),
         )
 
     def apply(self, view: BatchView, counts: BatchCounts, adds: SketchAdds | None) -> None:
@@ -195,6 +320,15 @@ class SLOState:
             self._add_totals(counts.sums.sum(axis=0))
         if adds is not None:
             self._add_sketches(adds, view.now_s)
+        if counts.rejected is not None:
+            if self.rejected_by_class is None:
+                self.rejected_by_class = RejectedByClass(self.spec.window_s)
+            self.rejected_by_class.add(counts.rejected, view.now_s)
+
+    def apply_other_vantage(self, view: BatchView, adds: SketchAdds | None) -> None:
+        """Add the sketch spans of the rows the selector matches at the other vantage."""
+        if adds is not None:
+            _add_spans(self.other_sketches, adds, view.now_s)
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
@@ -209,12 +343,7 @@ class SLOState:
             self.in_flight.update((ids[i], seen) for i in partial.tolist())
 
     def _add_counters(self, seconds: I64, sums: I64, now_s: int) -> None:
-        for tier in self.counters:
-            slots = seconds // tier.ring.resolution_s
-            firsts = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
-            slots, per_slot = slots[firsts], np.add.reduceat(sums, firsts, axis=0)
-            held = tier.holds(slots, now_s)
-            tier.ring.add(slots[held], per_slot[held])
+        _add_to_tiers(self.counters, seconds, sums, now_s)
 
     def _add_totals(self, total: I64) -> None:
         good, judged = int(total[col.GOOD]), int(total[col.REQUESTS])
@@ -228,12 +357,7 @@ class SLOState:
             self.measured_totals[key] += judged - int(total[col.BASE_COLUMNS + num + k])
 
     def _add_sketches(self, adds: SketchAdds, now_s: int) -> None:
-        for slot10, metric, lo, counts in adds.spans:
-            second = slot10 * 10
-            for tier in self.sketches:
-                slot = second // tier.ring.resolution_s
-                if tier.holds_slot(slot, now_s):
-                    tier.ring.add(slot, metric, lo, counts)
+        _add_spans(self.sketches, adds, now_s)
         self.histogram_counts += adds.histogram_counts
         for metric, total in enumerate(adds.histogram_sums):
             self.histogram_sums[metric] += total
@@ -242,28 +366,23 @@ class SLOState:
 
     def window_counts(self, window_s: float, now: float) -> I64:
         """Counter sums over the ``ceil(W / r)`` slots ending with the current one."""
-        tier = next(
-            (t for t in self.counters if window_s <= t.kept * t.ring.resolution_s),
-            self.counters[-1],
-        )
-        r = tier.ring.resolution_s
-        last = math.floor(now) // r
-        return tier.ring.total(last - math.ceil(window_s / r) + 1, last)
+        return _counter_window(self.counters, window_s, now)
+
+    def window_rejected_by_class(self, window_s: float, now: float) -> dict[str, int]:
+        """Rejections per priority class over the same slots as :meth:`window_counts`."""
+        if self.rejected_by_class is None:
+            return {}
+        return self.rejected_by_class.window(window_s, now)
 
     def per_minute(self, first_minute: int, last_minute: int, column: int) -> I64:
         """Counter ``column`` per minute ``first … last`` (Unix seconds // 60), from the
         minute tier; 0 for a minute it no longer holds."""
         return self.counters[1].ring.column(first_minute, last_minute, column)
 
-    def window_sketches(self, window_s: float, now: float) -> I64:
-        """Sketch sums over the slots that cover ``[now − W, now]``."""
-        limits = (300, _HOUR_S, _DAY_S)
-        tier = next(
-            (t for t, limit in zip(self.sketches, limits, strict=False) if window_s <= limit),
-            self.sketches[-1],
-        )
-        r = tier.ring.resolution_s
-        return tier.ring.total(math.floor(now - window_s) // r, math.floor(now) // r)
+    def window_sketches(self, window_s: float, now: float, *, other: bool = False) -> I64:
+        """Sketch sums over the slots that cover ``[now − W, now]`` (``other``: those of
+        the other vantage)."""
+        return _sketch_window(self.other_sketches if other else self.sketches, window_s, now)
 
     @property
     def max_window_s(self) -> float:
@@ -363,5 +482,24 @@ class SLOState:
     @property
     def nbytes(self) -> int:
         counters = sum(t.ring.nbytes for t in self.counters)
-        sketches = sum(t.ring.nbytes for t in self.sketches)
-        return int(counters + sketches + self.histogram_counts.nbytes)
+        sketches = sum(t.ring.nbytes for t in (*self.sketches, *self.other_sketches))
+        classes = 0 if self.rejected_by_class is None else self.rejected_by_class.nbytes
+        return int(counters + sketches + classes + self.histogram_counts.nbytes)
+
+
+def _class_rejections(view: BatchView, rows: I64) -> ClassRejections | None:
+    """The rejected ``rows`` (ascending) counted per finish second and priority class."""
+    if rows.shape[0] == 0:
+        return None
+    column = view.labels.get("priority")
+    if column is None:
+        names, inverse = [""], np.zeros(rows.shape[0], dtype=np.int64)
+    else:
+        codes, inverse = np.unique(column.codes[rows], return_inverse=True)
+        names = [column.values[c] for c in codes.tolist()]
+    sec = view.sec[rows]
+    first = np.concatenate(([True], sec[1:] != sec[:-1]))
+    group = np.cumsum(first) - 1
+    sums = np.zeros((int(group[-1]) + 1, len(names)), dtype=np.int64)
+    np.add.at(sums, (group, inverse.reshape(-1)), 1)
+    return ClassRejections(names=names, seconds=sec[first], sums=sums)

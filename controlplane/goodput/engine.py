@@ -25,21 +25,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.goodput._batch import BatchView
+from controlplane.goodput._batch import METRICS, BatchView
 from controlplane.goodput._recent import RecentStore
 from controlplane.goodput._sketch_adds import sketch_adds
 from controlplane.goodput._slo_state import SLOState
 from controlplane.goodput._summarize import GOOD, build_stats
+from controlplane.goodput._summarize import percentiles as sketch_percentiles
 from controlplane.goodput.spec import SLOSpec, SpecError
 from controlplane.goodput.stats import (
     COMPLIANCE,
     STANDARD_WINDOWS,
     EngineHealth,
     GoodputStats,
+    LatencyPercentiles,
     MinuteRollup,
     SLOTotals,
 )
-from exporters.records import RecordBatch
+from exporters.records import RecordBatch, Vantage
 
 __all__ = ["DEFAULT_ITL_PERCENTILES", "GoodputEngine", "UnknownSLOError"]
 
@@ -63,7 +65,9 @@ class GoodputEngine:
     ``clock`` returns wall-clock seconds (``time.time`` in production, a fake in tests);
     every method taking ``now`` uses the clock when it is ``None``. ``recent_rows_cap``
     bounds the dry-run store (about 102 bytes a row); ``itl_percentiles`` are the ITL
-    percentiles it keeps per request. Thread-safe: every public method holds one lock.
+    percentiles it keeps per request; ``other_vantage`` keeps, per SLO, the latency
+    sketches of the requests its selector matches at the other vantage too (see
+    :meth:`vantage_percentiles`). Thread-safe: every public method holds one lock.
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class GoodputEngine:
         *,
         recent_rows_cap: int = 1_000_000,
         itl_percentiles: Sequence[float] = DEFAULT_ITL_PERCENTILES,
+        other_vantage: bool = True,
     ) -> None:
         self._clock = clock
+        self._other_vantage = other_vantage
         self._lock = threading.RLock()
         self._states: dict[str, SLOState] = {}
         self._recent = RecentStore(recent_rows_cap, tuple(sorted(set(itl_percentiles))))
@@ -146,9 +152,16 @@ class GoodputEngine:
             # fails is not half applied. The sketches of every SLO are one pass.
             states = list(self._states.values())
             counts = [state.count(view) for state in states]
-            adds = sketch_adds(view, [c.ok_rows for c in counts])
-            for state, batch_counts, batch_adds in zip(states, counts, adds, strict=True):
+            selections = [c.ok_rows for c in counts]
+            if self._other_vantage:
+                selections += [self._other_vantage_rows(view, s.spec) for s in states]
+            adds = sketch_adds(view, selections)
+            own_adds = adds[: len(states)]
+            for state, batch_counts, batch_adds in zip(states, counts, own_adds, strict=True):
                 state.apply(view, batch_counts, batch_adds)
+            if self._other_vantage:
+                for state, other_adds in zip(states, adds[len(states) :], strict=True):
+                    state.apply_other_vantage(view, other_adds)
             self._recent.expire(now)
             self._recent.append(view)
             num_final = int(view.final.sum())
@@ -217,6 +230,46 @@ class GoodputEngine:
                 slo_id: state.per_minute(first_minute, last_minute, GOOD).tolist()
                 for slo_id, state in self._states.items()
             }
+
+    def rejected_by_class(
+        self, slo_id: str, window: str | float, now: float | None = None
+    ) -> dict[str, int]:
+        """Rejections of SLO ``slo_id`` over ``window`` per priority class (the records'
+        ``priority`` label, ``""`` for none): the classes seen since the engine started,
+        at most ``MAX_CLASSES`` of them, later ones summed as ``"other"``. Over the same
+        slots as :meth:`query`'s ``rejected``, which they sum to (rejections restored from
+        rollups have no class and are not in them)."""
+        with self._lock:
+            state = self._state(slo_id)
+            now = self._now(now)
+            return state.window_rejected_by_class(self._window_s(state, window), now)
+
+    def vantage_percentiles(
+        self, slo_id: str, window: str | float, now: float | None = None
+    ) -> dict[str, dict[str, LatencyPercentiles]]:
+        """Latency percentiles of SLO ``slo_id``'s selector at each vantage (name →
+        metric → percentiles) over ``window``: the SLO's own vantage from the sketches
+        of the requests it judges (as :meth:`query`), the other from the OK requests the
+        selector matches there (every metric's percentiles ``None`` when the engine keeps
+        no other-vantage sketches)."""
+        with self._lock:
+            state = self._state(slo_id)
+            now = self._now(now)
+            window_s = self._window_s(state, window)
+            own = state.spec.vantage
+            out: dict[str, dict[str, LatencyPercentiles]] = {}
+            for vantage in Vantage:
+                other = vantage is not own
+                sketches = (
+                    None
+                    if other and not self._other_vantage
+                    else state.window_sketches(window_s, now, other=other)
+                )
+                out[vantage.name.lower()] = {
+                    name: sketch_percentiles(None if sketches is None else sketches[m])
+                    for m, name in enumerate(METRICS)
+                }
+            return out
 
     def dry_run(
         self, spec: SLOSpec, window_s: float = 3600.0, now: float | None = None
@@ -337,6 +390,13 @@ class GoodputEngine:
         if state is None:
             raise UnknownSLOError(f"slo_id: no SLO {slo_id!r}; known: {sorted(self._states)}")
         return state
+
+    @staticmethod
+    def _other_vantage_rows(view: BatchView, spec: SLOSpec) -> I64:
+        """Accepted OK rows that ``spec``'s selector matches at the other vantage."""
+        other = Vantage.ENGINE if spec.vantage is Vantage.GATEWAY else Vantage.GATEWAY
+        rows: I64 = np.flatnonzero(view.selection(spec, other) & view.accepted & view.ok)
+        return rows
 
     @staticmethod
     def _window_s(state: SLOState, window: str | float) -> float:

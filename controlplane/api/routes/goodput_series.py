@@ -8,6 +8,15 @@ the burn rate over 5 min, 1 h and 6 h ending there and the error budget left ove
 compliance window ending there. ``range`` is one of ``10s``, ``1m``, ``5m``, ``1h``,
 ``1d``, ``compliance``. The engine answers each point from its rings (``controlplane.goodput``):
 counts exact, percentiles within 1 %; ``null`` where a step judged nothing.
+
+Beside ``columns``, of the same length as ``time``: ``rejected_by_class``, per priority
+class (the records' ``priority`` label; ``""`` for requests without one; at most 8
+classes, later ones as ``"other"``) the rejections of each step, which sum to
+``columns.rejected`` except for steps restored from rollups (they store no class); and
+``percentiles_by_vantage``, per vantage (``gateway``, ``engine``) the columns
+``{ttft,tpot,itl,e2el}_{p50,p99}_s`` of the OK requests the SLO's selector matches there:
+at the SLO's own vantage those of the requests it judges (the ``columns`` above), at the
+other those the engine keeps beside them (not judged; since the control plane started).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ class GoodputSeriesPublic(BaseModel):
     range_s: float
     step_s: float
     columns: dict[str, list[float | None]]
+    rejected_by_class: dict[str, list[float]]
+    percentiles_by_vantage: dict[str, dict[str, list[float | None]]]
 
 
 def _range_s(engine: GoodputEngine, slo_id: str, name: str) -> float:
@@ -58,10 +69,13 @@ def series(engine: GoodputEngine, slo_id: str, range_s: float, now: float) -> di
     times = [end - step_s * (points - 1 - k) for k in range(points)]
     columns: dict[str, list[float | None]] = {"time": [float(t) for t in times]}
 
+    by_class: dict[str, list[float]] = {}
+    by_vantage: dict[str, dict[str, list[float | None]]] = {}
+
     def put(name: str, value: float | None) -> None:
         columns.setdefault(name, []).append(value)
 
-    for t in times:
+    for k, t in enumerate(times):
         step: GoodputStats = engine.query(slo_id, step_s, t)
         put("goodput_rps", step.goodput_rps)
         put("throughput_rps", step.throughput_rps)
@@ -76,7 +90,20 @@ def series(engine: GoodputEngine, slo_id: str, range_s: float, now: float) -> di
         for label, window_s in BURN_WINDOWS_S.items():
             burn = engine.query(slo_id, window_s, t, percentiles=False).burn_rate
             put(f"burn_rate_{label}", burn)
-    return {"step_s": step_s, "columns": columns}
+        for name, count in engine.rejected_by_class(slo_id, step_s, t).items():
+            # A class first seen at a later step has 0 before it.
+            by_class.setdefault(name, [0.0] * k).append(float(count))
+        for vantage, metrics in engine.vantage_percentiles(slo_id, step_s, t).items():
+            out = by_vantage.setdefault(vantage, {})
+            for metric, p in metrics.items():
+                out.setdefault(f"{metric}_p50_s", []).append(p.p50_s)
+                out.setdefault(f"{metric}_p99_s", []).append(p.p99_s)
+    return {
+        "step_s": step_s,
+        "columns": columns,
+        "rejected_by_class": by_class,
+        "percentiles_by_vantage": by_vantage,
+    }
 
 
 @router.get("/slos/{slo_ref}/goodput/series", responses={**_BAD_WINDOW, **responses(404)})
