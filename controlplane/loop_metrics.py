@@ -22,20 +22,18 @@ lifespan while the planner runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controlplane.models import CommandState, PoolRole
+from controlplane.policies.planner import Plan
 from controlplane.services.commands import COMMAND_COUNTS, CommandCounts
 from exporters.commands import CommandKind
 
-if TYPE_CHECKING:
-    from controlplane.planner_runtime import PlannerRuntime
-
-__all__ = ["CommandCollector", "PlannerCollector", "command_collector"]
+__all__ = ["CommandCollector", "PlannerCollector", "PlannerState", "command_collector"]
 
 SPLITS = ("current", "target", "best")
 
@@ -65,10 +63,21 @@ def command_collector() -> CommandCollector:
     return CommandCollector()
 
 
-class PlannerCollector(Collector):
-    """``goodput_planner_*`` of one running :class:`PlannerRuntime`."""
+class PlannerState(Protocol):
+    """What :class:`PlannerCollector` reads of a
+    :class:`~controlplane.planner_runtime.PlannerRuntime`."""
 
-    def __init__(self, planner: PlannerRuntime) -> None:
+    @property
+    def moves_started(self) -> Mapping[str, int]: ...
+
+    @property
+    def last_plan(self) -> Plan | None: ...
+
+
+class PlannerCollector(Collector):
+    """``goodput_planner_*`` of one running planner."""
+
+    def __init__(self, planner: PlannerState) -> None:
         self.planner = planner
 
     def collect(self) -> Iterator[Metric]:
