@@ -9,10 +9,11 @@ the ``datasource`` variable, and links to the others that keep the time range an
   with the objective's threshold drawn, per-objective pass share, budget burn-down,
   rejected requests by priority class.
 * ``goodput-pd-fleet``: instances by role and state, queue depth, KV-cache use, KV handed
-  over between pools, vLLM's own ``vllm:*`` latency panels, role and policy changes as
-  annotations.
+  over between pools (tokens by source, bytes/s, transfer time), vLLM's own ``vllm:*``
+  latency panels, role and policy changes, commands and planner moves as annotations.
 * ``goodput-control-loops``: admission (admitted vs shed by class and reason, mode, policy
-  version) and the gateway's upstream calls and retries.
+  version), commands by kind and state, the planner's moves and its predicted vs observed
+  goodput, and the gateway's upstream calls and retries.
 * ``goodput-exporters``: records delivered, retried, dropped and rejected per exporter;
   ingest rate; ingest batches by outcome.
 
@@ -31,6 +32,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as gm
 
 __all__ = ["DASHBOARDS", "DashboardSpec", "dashboard_json", "panel_queries"]
@@ -59,6 +61,7 @@ def _series(
     description: str = "",
     span: int = 12,
     min_val: float | None = None,
+    bars: bool = False,
 ) -> timeseries.Panel:
     panel = (
         timeseries.Panel()
@@ -70,6 +73,8 @@ def _series(
         .line_width(1)
         .fill_opacity(5)
     )
+    if bars:
+        panel = panel.draw_style(common.GraphDrawStyle.BARS).fill_opacity(80)
     if description:
         panel = panel.description(description)
     if min_val is not None:
@@ -410,6 +415,22 @@ def _pd_fleet() -> gd.Dashboard:
         .icon_color("blue")
         .expr("changes(goodput_gateway_admission_policy_version[5m]) > 0")
     )
+    board = board.annotation(
+        gd.AnnotationQuery()
+        .name("Commands issued")
+        .datasource(DS)
+        .enable(True)
+        .icon_color("purple")
+        .expr('sum by (kind) (increase(goodput_commands_total{state="pending"}[5m])) > 0')
+    )
+    board = board.annotation(
+        gd.AnnotationQuery()
+        .name("Planner moves")
+        .datasource(DS)
+        .enable(True)
+        .icon_color("red")
+        .expr("sum by (to_role) (increase(goodput_planner_moves_total[5m])) > 0")
+    )
     board = board.with_row(gd.Row("Pools"))
     board = board.with_panel(
         _series(
@@ -440,6 +461,37 @@ def _pd_fleet() -> gd.Dashboard:
             ],
             description="external_kv_transfer: tokens whose KV cache came from the other "
             "pool (the PD handoff).",
+        )
+    )
+    board = board.with_row(gd.Row("KV transfer"))
+    board = board.with_panel(
+        _series(
+            "KV transfer bytes per second",
+            [
+                (
+                    f"sum by (instance, model) (rate(goodput_kv_transfer_bytes_total[{RATE}]))",
+                    "{{instance}} {{model}}",
+                )
+            ],
+            unit="Bps",
+            description="KV-cache bytes the decode instances received from the prefill "
+            "pool (the engine records' kv_bytes; sim workers).",
+        )
+    )
+    board = board.with_panel(
+        _series(
+            "KV transfer time",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le, model) "
+                    f"(rate(goodput_kv_transfer_seconds_bucket[{RATE}])))",
+                    f"p{q * 100:g} {{{{model}}}}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            unit="s",
+            description="From a decode leg's arrival until its prompt's KV cache is in "
+            "place (the engine records' KV hand-off phases; sim workers).",
         )
     )
     board = board.with_row(gd.Row("vLLM"))
@@ -486,7 +538,8 @@ def _control_loops() -> gd.Dashboard:
         "goodput-control-loops",
         "Goodput control loops",
         "Admission at the gateways: admitted vs shed by class, the policy each gateway "
-        "applies and its mode.",
+        "applies and its mode; the commands the control plane issues; the PD planner's "
+        "moves and predictions.",
     )
     board = board.with_row(gd.Row("Admission"))
     board = board.with_panel(
@@ -529,6 +582,52 @@ def _control_loops() -> gd.Dashboard:
     )
     board = board.with_panel(
         _series("Policy version", [("goodput_gateway_admission_policy_version", "{{instance}}")])
+    )
+    board = board.with_row(gd.Row("Commands"))
+    board = board.with_panel(
+        _series(
+            "Commands by kind and state",
+            [
+                (
+                    f"sum by (kind, state) (increase(goodput_commands_total[{RATE}]))",
+                    "{{kind}} {{state}}",
+                )
+            ],
+            bars=True,
+            description="Commands that entered each state: pending = issued (by an operator, "
+            "the admission loop or a planner move), delivered (re-deliveries too), acked, "
+            "failed, expired.",
+        )
+    )
+    board = board.with_row(gd.Row("Planner"))
+    board = board.with_panel(
+        _series(
+            "Planner moves",
+            [
+                (
+                    f"sum by (to_role) (increase(goodput_planner_moves_total[{RATE}]))",
+                    "to {{to_role}}",
+                )
+            ],
+            bars=True,
+            description="Role moves the PD planner started, by the pool the instance moves to.",
+        )
+    )
+    board = board.with_panel(
+        _series(
+            "Planner: predicted vs observed goodput",
+            [
+                ("goodput_planner_predicted_goodput_rps", "predicted {{split}}"),
+                (
+                    f'max(sum by (slo) (rate(goodput_requests_total{{result="good"}}[{RATE}])))',
+                    "observed (busiest SLO)",
+                ),
+            ],
+            unit="reqps",
+            description="The planner's last prediction for the current split, the split it "
+            "moves toward and the best split, against the good requests/s of the busiest SLO "
+            "(what a move's observed effect records).",
+        )
     )
     board = board.with_row(gd.Row("Gateway"))
     board = board.with_panel(
