@@ -5,7 +5,7 @@ const ref = document.querySelector(".charts").dataset.ref;
 const range = new URLSearchParams(location.search).get("range") ?? "1h";
 document.querySelector(`[data-range="${range}"]`)?.setAttribute("aria-current", "page");
 const charts = [];
-const COLORS = ["#1f6feb", "#8250df", "#cf222e", "#1a7f37", "#9a6700", "#57606a", "#bf3989", "#0a7ea4"];
+const COLORS = ["#1f6feb", "#8250df", "#cf222e", "#1a7f37", "#9a6700", "#57606a", "#bf3989", "#0a7ea4", "#6639ba", "#116329"];
 
 function chart(id, data, series, yFormat = (v) => v) {
   const el = document.getElementById(id);
@@ -18,7 +18,13 @@ function chart(id, data, series, yFormat = (v) => v) {
     legend: { live: true },
   };
   charts.push(new uPlot(opts, data, el));
+  // What was drawn, for the browser tests: values (not null) per series label.
+  el.dataset.points = JSON.stringify(Object.fromEntries(series.map((s, i) =>
+    [s.label, data[i + 1].filter((v) => v !== null && v !== undefined).length])));
 }
+
+const METRICS = ["ttft", "tpot", "itl", "e2el"];
+const className = (name) => (name === "" ? "no class" : name);
 
 const flat = (obj, prefix = "") => Object.entries(obj ?? {}).flatMap(([k, v]) =>
   v && typeof v === "object" && !Array.isArray(v) ? flat(v, `${prefix}${k}.`)
@@ -50,13 +56,21 @@ async function load() {
     chart("c-attain", [t, c.attainment_ratio, t.map(() => slo.target)], [{ label: "attainment" }, { label: "target", dash: [4, 4] }], (v) => pct(v));
     chart("c-burn", [t, c.burn_rate_5m, c.burn_rate_1h, c.burn_rate_6h], [{ label: "5 min" }, { label: "1 h" }, { label: "6 h" }]);
     chart("c-budget", [t, c.error_budget_remaining_ratio], [{ label: "budget left", fill: "rgba(31,111,235,.1)" }], (v) => pct(v, 0));
-    // The series has the percentiles of the vantage the SLO judges; the other vantage's
-    // belong to an SLO defined at that vantage.
-    document.getElementById("lat-caption").textContent =
-      `TTFT, TPOT, ITL and E2EL p50 / p99 at the ${slo.vantage} vantage, where this SLO judges requests`;
-    const lat = ["ttft", "tpot", "itl", "e2el"].flatMap((m) => [[`${m} p50`, c[`${m}_p50_s`]], [`${m} p99`, c[`${m}_p99_s`]]]);
-    chart("c-lat", [t, ...lat.map((l) => l[1])], lat.map((l) => ({ label: l[0], value: (u, v) => ms(v) })), ms);
-    chart("c-rej", [t, c.rejected, c.availability_ratio], [{ label: "rejected" }, { label: "availability", scale: "ratio" }]);
+    // One chart per vantage, the SLO's own first: the same selector's OK requests there.
+    const other = slo.vantage === "gateway" ? "engine" : "gateway";
+    [slo.vantage, other].forEach((vantage, i) => {
+      const p = s.percentiles_by_vantage[vantage] ?? {};
+      document.getElementById(`lat-caption-${i}`).textContent = i === 0
+        ? `TTFT, TPOT, ITL and E2EL p50 / p99 at the ${vantage} vantage, where this SLO judges requests`
+        : `TTFT, TPOT, ITL and E2EL p50 / p99 at the ${vantage} vantage: the same selector's successful requests, not judged`;
+      const lat = METRICS.flatMap((m) => [[`${vantage} ${m} p50`, p[`${m}_p50_s`]], [`${vantage} ${m} p99`, p[`${m}_p99_s`]]]);
+      chart(`c-lat-${i}`, [t, ...lat.map((l) => l[1] ?? t.map(() => null))], lat.map((l) => ({ label: l[0], value: (u, v) => ms(v) })), ms);
+    });
+    // One series per priority class, then all classes together and the availability.
+    const classes = Object.entries(s.rejected_by_class).sort(([a], [b]) => a.localeCompare(b)).slice(0, COLORS.length - 2);
+    chart("c-rej", [t, ...classes.map(([, v]) => v), c.rejected, c.availability_ratio],
+      [...classes.map(([name]) => ({ label: className(name) })),
+        { label: "all classes", dash: [4, 4] }, { label: "availability", scale: "ratio" }]);
     const rows = versions.data;
     fillTable(document.getElementById("versions"), rows, (v, i) => h("tr", {},
       h("td", {}, String(v.version)), h("td", {}, when(v.created_at)), h("td", {}, v.actor),

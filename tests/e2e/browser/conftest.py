@@ -88,16 +88,30 @@ def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleS
 
 @pytest.fixture(scope="module")
 def exporter(console_stack: ConsoleStack) -> Iterator[Callable[..., None]]:
-    """``send(n, model=..., tenant=..., ok=True)``: n requests through the real exporter."""
+    """``send(n, model=..., tenant=..., ok=True, vantage=GATEWAY, priority="",
+    rejected=False)``: n requests through the real exporter (a rejected one has no token)."""
     transport = ControlPlaneExporter(
         console_stack.cp_url, api_key=console_stack.keys["ingest"], flush_interval_s=0.05
     )
-    recorder = RequestRecorder(Vantage.GATEWAY, transport)
+    recorders = {v: RequestRecorder(v, transport) for v in Vantage}
     counter = iter(range(10**9))
 
-    def send(n: int, *, model: str = "llama", tenant: str = "acme", ok: bool = True) -> None:
+    def send(
+        n: int,
+        *,
+        model: str = "llama",
+        tenant: str = "acme",
+        ok: bool = True,
+        vantage: Vantage = Vantage.GATEWAY,
+        priority: str = "",
+        rejected: bool = False,
+    ) -> None:
+        labels = Labels(model=model, tenant=tenant, priority=priority)
         for _ in range(n):
-            trace = recorder.start(f"r{next(counter)}", Labels(model=model, tenant=tenant))
+            trace = recorders[vantage].start(f"r{next(counter)}", labels)
+            if rejected:
+                trace.finish(Status.REJECTED, "shed by admission")
+                continue
             trace.token()
             trace.token()
             trace.finish(Status.OK if ok else Status.ERROR, "" if ok else "engine error")

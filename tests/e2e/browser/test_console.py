@@ -5,6 +5,7 @@ and the role and CSRF checks the server enforces whatever the page shows."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import expect
 
+from exporters.records import Vantage
 from tests.e2e.browser.conftest import ConsoleStack, axe_violations, shoot, sign_in
 
 SLO = {
@@ -33,16 +35,33 @@ def _traffic_judged_by(
     stack: ConsoleStack, exporter: Callable[..., None], slo: dict[str, Any]
 ) -> None:
     """Traffic over a few seconds, sent once the engine holds ``slo`` (reading its goodput
-    loads it), and judged by it before the pages are drawn."""
+    loads it), and judged by it before the pages are drawn: at the gateway (judged), the
+    same requests at the engine vantage (its other vantage's percentiles), and requests
+    rejected in two priority classes."""
     path = f"/api/v1/slos/{slo['id']}/goodput"
-    before = stack.get(path, window="5m")["requests"]
+    before = stack.get(path, window="5m")
     for k in range(6):
         exporter(10, ok=k != 3)
+        exporter(10, vantage=Vantage.ENGINE)
+        exporter(2, rejected=True, priority="sheddable")
+        exporter(1, rejected=True, priority="standard")
         time.sleep(0.5)
     deadline = time.monotonic() + 10.0
-    while stack.get(path, window="5m")["requests"] < before + 60:
+    while True:
+        now = stack.get(path, window="5m")
+        if (
+            now["requests"] >= before["requests"] + 60
+            and now["rejected"] >= before["rejected"] + 18
+        ):
+            break
         assert time.monotonic() < deadline, "the engine never judged the traffic"
         time.sleep(0.2)
+
+
+def _drawn(page: Any, chart: str) -> dict[str, int]:
+    """Values drawn per series label of one SLO-detail chart (``data-points``)."""
+    points: dict[str, int] = json.loads(page.locator(f"#{chart}").get_attribute("data-points"))
+    return points
 
 
 def test_sign_in_and_sign_out(
@@ -89,6 +108,17 @@ def test_every_page_renders_with_data(
             page.wait_for_load_state("networkidle")
         shoot(page, name)
         assert axe_violations(page) == [], name
+        if name == "slo-detail":
+            # Rejected per priority class, and p50/p99 at both vantages, drawn with data.
+            rejected = _drawn(page, "c-rej")
+            assert rejected["sheddable"] > 0 and rejected["standard"] > 0, rejected
+            assert rejected["all classes"] > 0, rejected
+            for chart, vantage in (("c-lat-0", "gateway"), ("c-lat-1", "engine")):
+                latency = _drawn(page, chart)
+                for metric in ("ttft", "e2el"):
+                    assert latency[f"{vantage} {metric} p50"] > 0, latency
+                    assert latency[f"{vantage} {metric} p99"] > 0, latency
+            expect(page.locator("#lat-caption-1")).to_contain_text("engine vantage")
     expect(page.locator("#keys tbody tr")).not_to_have_count(0)
     page.goto(f"{console_stack.cp_url}/docs")
     page.locator(".swagger-ui .info").wait_for()

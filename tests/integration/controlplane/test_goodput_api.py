@@ -177,6 +177,48 @@ async def test_a_replay_gives_the_offline_exact_answer(
         assert same[field] == stats[field], field
 
 
+async def test_the_series_has_rejections_per_class_and_percentiles_per_vantage(
+    app: FastAPI, client: httpx.AsyncClient, admin_headers: dict[str, str]
+) -> None:
+    slo = await create_slo(app, client, admin_headers)
+    records = replay(400, seed=11)
+    for k, record in enumerate(records):
+        record.labels = Labels(
+            model=record.labels.model, priority=("critical", "sheddable", "")[k % 3]
+        )
+    await ingest(client, admin_headers, records)
+    truth = expected(records)
+    response = await client.get(
+        f"{SLOS}/{slo['id']}/goodput/series?range=5m", headers=admin_headers
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    columns, by_class = body["columns"], body["rejected_by_class"]
+    chosen = [r for r in records if r.vantage is Vantage.GATEWAY and r.labels.model == "llama"]
+    rejected = [r for r in chosen if r.status is Status.REJECTED]
+    assert set(by_class) == {r.labels.priority for r in rejected}
+    for name, values in by_class.items():
+        assert len(values) == len(columns["time"])
+        assert sum(values) == sum(1 for r in rejected if r.labels.priority == name), name
+    steps = [sum(values) for values in zip(*by_class.values(), strict=True)]
+    assert steps == columns["rejected"]
+    assert sum(steps) == truth["rejected"]
+    vantages = body["percentiles_by_vantage"]
+    assert set(vantages) == {"gateway", "engine"}
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for q in ("p50", "p99"):
+            name = f"{metric}_{q}_s"
+            assert vantages["gateway"][name] == columns[name], name
+    # The replay's engine-side llama records: OK ones drawn at the engine vantage.
+    engine_ok = [
+        r
+        for r in records
+        if r.vantage is Vantage.ENGINE and r.labels.model == "llama" and r.status is Status.OK
+    ]
+    assert engine_ok
+    assert any(v is not None for v in vantages["engine"]["ttft_p50_s"])
+
+
 async def test_dry_run_applies_candidate_thresholds_to_stored_requests(
     app: FastAPI, client: httpx.AsyncClient, admin_headers: dict[str, str], make_key: MakeKey
 ) -> None:
