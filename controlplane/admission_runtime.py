@@ -115,6 +115,7 @@ class AdmissionRuntime(ControlLoop):
         burn = {s.slo_id: s.burn_rate for s in stats}
         timeout_s = self.settings.fleet_heartbeat_timeout_s
         async with self.sessions() as session, session.begin():
+            await self.fence(session)
             members = list(await session.scalars(sa.select(FleetMember)))
             self.learner.set_decode_instances(
                 count_decode_instances(members, now=now, timeout_s=timeout_s)

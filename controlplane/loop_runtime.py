@@ -33,6 +33,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
+from controlplane.leadership import DeposedError, Leadership
 from controlplane.learner_runtime import SharedLearner, shared_learner
 from controlplane.live import LiveGoodput
 from controlplane.settings import Settings
@@ -57,9 +58,11 @@ class ControlLoop(ABC):
         live: LiveGoodput,
         *,
         learner: SharedLearner | None = None,
+        leadership: Leadership | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.sessions = sessions
+        self.leadership = leadership
         self.settings = settings
         self.live = live
         self.clock = clock
@@ -67,6 +70,7 @@ class ControlLoop(ABC):
         self.stopping = asyncio.Event()
         self.num_ticks = 0
         self.num_failures = 0
+        self.num_followed = 0  # ticks skipped: another replica leads
         self._failing = False
         self._task: asyncio.Task[None] | None = None
         self.setup()
@@ -100,10 +104,24 @@ class ControlLoop(ABC):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def fence(self, session: AsyncSession) -> None:
+        """The first statement of every tick's transaction: raises
+        :class:`~controlplane.leadership.DeposedError` when another replica took the lead
+        since this one last renewed (the transaction then writes nothing)."""
+        if self.leadership is not None:
+            await self.leadership.fence(session)
+
     async def run_tick(self) -> bool:
-        """One tick, its failure counted and logged once per streak; whether it worked."""
+        """One tick, its failure counted and logged once per streak; whether it worked.
+        A replica that does not lead skips the tick (it follows)."""
+        if self.leadership is not None and not self.leadership.is_leader():
+            self.num_followed += 1
+            return False
         try:
             await self.tick()
+        except DeposedError as exc:  # a takeover between the renewal and this transaction
+            logger.warning("%s tick refused: %s", self.name, exc)
+            return False
         except Exception as exc:  # the database may be away: try again next tick
             self.num_failures += 1
             if not self._failing:
@@ -135,7 +153,13 @@ async def loop_lifespan(
         yield
         return
     state = app.state
-    loop = kind(state.sessions, state.settings, state.live, learner=shared_learner(app))
+    loop = kind(
+        state.sessions,
+        state.settings,
+        state.live,
+        learner=shared_learner(app),
+        leadership=getattr(state, "leadership", None),
+    )
     await loop.start()
     setattr(app.state, kind.name, loop)
     try:

@@ -64,6 +64,7 @@ from controlplane.api.security_headers import SecurityHeaders
 from controlplane.console import mount_console
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
+from controlplane.leadership import leadership_lifespan
 from controlplane.live import LiveGoodput, app_registry
 from controlplane.otlp_grpc import otlp_grpc_lifespan
 from controlplane.planner_runtime import planner_lifespan
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None, *, lifespans: Sequence[Lifespan
                 for extra in (
                     live_lifespan,
                     otlp_grpc_lifespan,
+                    leadership_lifespan,
                     planner_lifespan,
                     admission_lifespan,
                     *lifespans,

@@ -124,6 +124,7 @@ class PlannerRuntime(ControlLoop):
         now_s = self.clock()
         now = datetime.fromtimestamp(now_s, UTC)
         async with self.sessions() as session, session.begin():
+            await self.fence(session)
             state = await automation.get_state(session)
             if state is not None and state.paused:
                 return self._done(now, started, paused=True, reason=f"paused: {state.reason}")

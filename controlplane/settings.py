@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     otlp_grpc_host: str | None = None
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
+    # Replicas sharing one database elect one to run the loops (docs/scale-out.md).
+    replica_id: str | None = Field(default=None, min_length=1, max_length=255)
+    leader_lease_ttl_s: float = Field(default=6.0, gt=0, le=3600)
     # The PD planner tick (docs/planner.md).
     planner_enabled: bool = True
     planner_interval_s: float = Field(default=5.0, gt=0)

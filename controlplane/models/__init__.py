@@ -21,6 +21,7 @@ from controlplane.models.enums import (
     SLOVantage,
 )
 from controlplane.models.fleet import Command, FleetMember
+from controlplane.models.leader_lease import LeaderLease
 from controlplane.models.rollup import GoodputRollup, WalCheckpoint
 from controlplane.models.slo import SLO, SLOVersion
 
@@ -39,6 +40,7 @@ __all__ = [
     "FleetMember",
     "FleetState",
     "GoodputRollup",
+    "LeaderLease",
     "MoveState",
     "PoolRole",
     "Role",
@@ -49,4 +51,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0005_agent_binding"
+SCHEMA_REVISION = "0006_leader_lease"

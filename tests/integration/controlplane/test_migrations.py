@@ -32,6 +32,7 @@ TABLES = {
     "automation",
     "role_pin",
     "role_move",
+    "leader_lease",
 }
 
 
