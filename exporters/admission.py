@@ -22,6 +22,12 @@ command (:mod:`exporters.commands`); the gateway's rule
   ``weight / Σ weights of the tenants with requests in flight``; unlisted tenants weigh 1);
   a tenant above its share has its allowed latency multiplied by ``over_share_ratio``, so it
   is shed first;
+* ``prompt_class_bounds`` and ``availability_floor``: the guard against starving one
+  prompt-length class. The bounds (ascending prompt-token counts) cut requests into
+  ``len(bounds) + 1`` classes (class ``i``: ``bounds[i-1] < p <= bounds[i]``); a request the
+  prediction would refuse is admitted anyway while its class's availability (admitted ÷
+  offered, over the last minute) is below ``availability_floor`` × the availability of all
+  classes together (``0``, or no bounds: no guard);
 * ``ttl_s`` and ``fallback_max_concurrency``: how long the gateway trusts the policy
   without a newer one, and the plain concurrency cap it falls back to after that.
 
@@ -44,6 +50,8 @@ Example::
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,9 +67,36 @@ from exporters._wire_fields import (
     check_seconds,
 )
 
-__all__ = ["AdmissionModel", "AdmissionPolicy", "ClassPolicy", "SLOAdmission"]
+__all__ = ["AdmissionModel", "AdmissionPolicy", "ClassPolicy", "SLOAdmission", "prompt_class"]
 
 _MAX_INT32 = 2**31 - 1
+#: At most this many prompt-class bounds (so at most 17 classes).
+MAX_PROMPT_CLASS_BOUNDS = 16
+
+
+def prompt_class(bounds: tuple[int, ...], prompt_tokens: int) -> int:
+    """The prompt-length class of a ``prompt_tokens`` prompt: the number of ``bounds``
+    (ascending) it exceeds, so class ``i`` holds ``bounds[i-1] < p <= bounds[i]``."""
+    return bisect.bisect_left(bounds, prompt_tokens)
+
+
+def _check_bounds(value: Any, path: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_PROMPT_CLASS_BOUNDS:
+        raise CommandError(
+            path, f"expected at most {MAX_PROMPT_CLASS_BOUNDS} integers, got {value!r}"
+        )
+    out = tuple(check_int(v, f"{path}[{i}]", 1, _MAX_INT32) for i, v in enumerate(value))
+    if any(b <= a for a, b in itertools.pairwise(out)):
+        raise CommandError(path, f"must be strictly ascending, got {list(out)!r}")
+    return out
+
+
+def _floor(value: Any, path: str) -> float:
+    """An availability floor in [0, 1)."""
+    ok = type(value) in (int, float) and math.isfinite(value) and 0.0 <= value < 1.0
+    if not ok:
+        raise CommandError(path, f"must be a number in [0.0, 1.0), got {value!r}")
+    return float(value)
 
 
 def _check_fields(
@@ -298,7 +333,14 @@ class AdmissionModel:
 
 
 _POLICY_REQUIRED = ("version", "ttl_s", "fallback_max_concurrency", "classes")
-_POLICY_OPTIONAL = ("slos", "model", "tenant_weights", "over_share_ratio")
+_POLICY_OPTIONAL = (
+    "slos",
+    "model",
+    "tenant_weights",
+    "over_share_ratio",
+    "prompt_class_bounds",
+    "availability_floor",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +351,8 @@ class AdmissionPolicy:
     arrives by then (the control plane is gone), it falls back to a plain concurrency cap of
     ``fallback_max_concurrency``. ``classes`` maps a priority class name to its
     :class:`ClassPolicy`; a request of an unlisted class gets ``ClassPolicy()``. ``slos``,
-    ``model``, ``tenant_weights`` and ``over_share_ratio``: see the module docstring; without
+    ``model``, ``tenant_weights``, ``over_share_ratio``, ``prompt_class_bounds`` and
+    ``availability_floor``: see the module docstring; without
     a ``model`` the gateway predicts nothing and sheds nothing by latency. ``version``
     identifies the policy in metrics and acks.
     """
@@ -322,6 +365,8 @@ class AdmissionPolicy:
     model: AdmissionModel | None = None
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     over_share_ratio: float = 0.8
+    prompt_class_bounds: tuple[int, ...] = ()
+    availability_floor: float = 0.0
 
     def __post_init__(self) -> None:
         check_int(self.version, "policy.version")
@@ -344,6 +389,14 @@ class AdmissionPolicy:
         object.__setattr__(
             self, "over_share_ratio", _ratio(self.over_share_ratio, "policy.over_share_ratio")
         )
+        object.__setattr__(
+            self,
+            "prompt_class_bounds",
+            _check_bounds(self.prompt_class_bounds, "policy.prompt_class_bounds"),
+        )
+        object.__setattr__(
+            self, "availability_floor", _floor(self.availability_floor, "policy.availability_floor")
+        )
         object.__setattr__(self, "classes", MappingProxyType(dict(self.classes)))
         object.__setattr__(self, "slos", MappingProxyType(dict(self.slos)))
         object.__setattr__(self, "tenant_weights", MappingProxyType(weights))
@@ -362,6 +415,12 @@ class AdmissionPolicy:
             **({"model": self.model.to_json()} if self.model is not None else {}),
             **({"tenant_weights": dict(self.tenant_weights)} if self.tenant_weights else {}),
             **({"over_share_ratio": self.over_share_ratio} if self.over_share_ratio != 0.8 else {}),
+            **(
+                {"prompt_class_bounds": list(self.prompt_class_bounds)}
+                if self.prompt_class_bounds
+                else {}
+            ),
+            **({"availability_floor": self.availability_floor} if self.availability_floor else {}),
         }
 
     @classmethod
@@ -397,4 +456,10 @@ class AdmissionPolicy:
             model=model,
             tenant_weights=weights,
             over_share_ratio=_ratio(obj.get("over_share_ratio", 0.8), f"{path}.over_share_ratio"),
+            prompt_class_bounds=_check_bounds(
+                obj.get("prompt_class_bounds", []), f"{path}.prompt_class_bounds"
+            ),
+            availability_floor=_floor(
+                obj.get("availability_floor", 0.0), f"{path}.availability_floor"
+            ),
         )

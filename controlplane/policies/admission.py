@@ -21,6 +21,12 @@ adapter (``serving.sim.control.admission``) calls it too.
   mean context) meets the strictest ITL objective, capped by ``max_decode_batch``.
 * **Classes**: ``critical`` is never shed, ``standard`` may use all the allowed latency,
   ``sheddable`` only ``sheddable_headroom_ratio`` of it (so it goes first) — configurable.
+* **Availability floor** (the guard against starving one prompt-length class): the
+  policy carries ``prompt_class_bounds`` (the config's, or those the caller passes, e.g.
+  the quartiles of the prompts seen: :func:`prompt_quartiles`) and ``availability_floor``
+  (default 0.5); the gateway admits a request the prediction refuses while its class's
+  availability is below the floor × the availability of all classes together. Without
+  bounds there is one class and no guard.
 
 Example::
 
@@ -45,6 +51,7 @@ __all__ = [
     "compute_policy",
     "margin_ratio",
     "max_batch",
+    "prompt_quartiles",
     "slo_key",
 ]
 
@@ -67,8 +74,14 @@ class AdmissionConfig:
     max_decode_batch: int = 256
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     over_share_ratio: float = 0.8
+    availability_floor: float = 0.5
+    prompt_class_bounds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.availability_floor) and 0 <= self.availability_floor < 1):
+            raise ValueError(
+                f"availability_floor must be in [0, 1), got {self.availability_floor!r}"
+            )
         if not (math.isfinite(self.burn_sensitivity) and self.burn_sensitivity >= 0):
             raise ValueError(f"burn_sensitivity must be >= 0, got {self.burn_sensitivity!r}")
         if not 0 < self.min_margin_ratio <= 1:
@@ -98,8 +111,10 @@ def compute_policy(
     config: AdmissionConfig,
     *,
     version: int,
+    prompt_class_bounds: Sequence[int] | None = None,
 ) -> AdmissionPolicy:
-    """The admission policy for this model, SLO set and burn rates (keyed by SLO id)."""
+    """The admission policy for this model, SLO set and burn rates (keyed by SLO id);
+    ``prompt_class_bounds`` replaces the config's."""
     entries: dict[str, SLOAdmission] = {}
     for spec in slos:
         burn = burn_rates.get(spec.id)
@@ -120,6 +135,9 @@ def compute_policy(
             )
         entries[key] = entry
     itl_targets = [e.itl_s for e in entries.values() if e.itl_s is not None]
+    bounds = tuple(
+        config.prompt_class_bounds if prompt_class_bounds is None else prompt_class_bounds
+    )
     return AdmissionPolicy(
         version=version,
         ttl_s=config.ttl_s,
@@ -138,7 +156,22 @@ def compute_policy(
         ),
         tenant_weights=config.tenant_weights,
         over_share_ratio=config.over_share_ratio,
+        prompt_class_bounds=bounds,
+        # One class (no bounds): the floor could never bind, so the policy omits it.
+        availability_floor=config.availability_floor if bounds else 0.0,
     )
+
+
+def prompt_quartiles(prompt_tokens: Sequence[int]) -> tuple[int, ...]:
+    """Prompt-class bounds at the quartiles of ``prompt_tokens`` (the lower median, rounded
+    to whole tokens; repeated values merged, so fewer than three bounds on a workload with
+    few distinct lengths; none for an empty one)."""
+    values = sorted(int(p) for p in prompt_tokens)
+    n = len(values)
+    if n == 0:
+        return ()
+    cuts = (values[max(0, math.ceil(q * n) - 1)] for q in (0.25, 0.5, 0.75))
+    return tuple(sorted({max(1, c) for c in cuts if c < values[-1]}))
 
 
 def max_batch(params: LearnedParams, itl_s: float | None, config: AdmissionConfig) -> int:

@@ -117,6 +117,11 @@ class AdmissionPolicyIn(WireModel):
         Field(max_length=4096, json_schema_extra=_key_pattern_as_property_names),
     ] = Field(default_factory=dict)
     over_share_ratio: Ratio = 0.8
+    #: Prompt-length class bounds (strictly ascending; the gateway refuses others).
+    prompt_class_bounds: Annotated[
+        list[Annotated[int, Field(ge=1, le=2**31 - 1), NUMBER]], Field(max_length=16)
+    ] = Field(default_factory=list)
+    availability_floor: Annotated[float, Field(ge=0, lt=1), NUMBER] = 0.0
 
 
 class SetAdmissionPolicyPayload(WireModel):

@@ -31,7 +31,17 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    they leave serves the higher ones; a non-sheddable class is never refused;
 4. a prediction above its allowed value (or a decode batch above ``max_decode_batch`` ×
    the same factors) rejects the request: ``429``, ``Retry-After``, a body naming the SLO,
-   the objective, the predicted and the allowed latency.
+   the objective, the predicted and the allowed latency;
+5. **the availability floor** — unless its prompt-length class (the policy's
+   ``prompt_class_bounds``) is being starved: the rule keeps, per class, the requests
+   offered and admitted over the last minute (counts decayed by ``exp(−age / 60 s)``), and
+   a request the prediction refuses is admitted anyway while its class's availability is
+   below ``availability_floor`` × the availability of all classes together. Long prompts
+   are the first a latency prediction refuses (their own prefill is part of their TTFT),
+   so without it a long-prompt class can be shed almost entirely while the short ones are
+   all served; with it, a starved class gets admitted requests back and the load they add
+   makes the prediction refuse more of the other classes. The floor turns refusals into
+   admissions, never the reverse (:class:`ClassAvailability`, ``num_floor_admitted``).
 
 Every admitted request counts in flight (per tenant, for fairness, and in all, for the
 fallback cap) until its record is finished (:meth:`on_finished`, fed by the gateway's
@@ -54,15 +64,82 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.admission import AdmissionPolicy, ClassPolicy
+from exporters.admission import AdmissionPolicy, ClassPolicy, prompt_class
 from exporters.records import RequestRecord, Status
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
 from serving.gateway.admission_load import LoadTracker
 
-__all__ = ["MODES", "AdmissionFeedback", "PolicyAdmission"]
+__all__ = [
+    "AVAILABILITY_WINDOW_S",
+    "MODES",
+    "AdmissionFeedback",
+    "ClassAvailability",
+    "PolicyAdmission",
+    "below_floor",
+]
 
 MODES = ("allow_all", "policy", "fallback")
 _MAX_RETRY_AFTER_S = 60.0
+#: The time constant of the per-class availability counts the floor judges by.
+AVAILABILITY_WINDOW_S = 60.0
+
+
+class ClassAvailability:
+    """Requests offered and admitted per class, decayed by ``exp(−age / window_s)``.
+
+    ``offer(cls, now_s)`` counts an arrival (decaying every count to ``now_s`` first),
+    ``admit(cls)`` its admission; :meth:`starved` says whether a class's availability is
+    below ``floor`` × the availability of all classes together. O(classes) per call.
+    Invariant (tested): a class whose every refusal is overturned while it is starved keeps
+    ``admitted ≥ floor·r·offered − 1`` for a fixed overall availability ``r``; decay scales
+    both sides, so it holds in any window.
+    """
+
+    def __init__(self, window_s: float = AVAILABILITY_WINDOW_S) -> None:
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be a finite number > 0, got {window_s!r}")
+        self.window_s = window_s
+        self.offered: dict[int, float] = {}
+        self.admitted: dict[int, float] = {}
+        self._at_s: float | None = None
+
+    def offer(self, cls: int, now_s: float) -> None:
+        if self._at_s is not None and now_s > self._at_s:
+            decay = math.exp(-(now_s - self._at_s) / self.window_s)
+            for key in self.offered:
+                self.offered[key] *= decay
+                self.admitted[key] *= decay
+        if self._at_s is None or now_s > self._at_s:
+            self._at_s = now_s
+        self.offered[cls] = self.offered.get(cls, 0.0) + 1.0
+        self.admitted.setdefault(cls, 0.0)
+
+    def admit(self, cls: int) -> None:
+        self.admitted[cls] = self.admitted.get(cls, 0.0) + 1.0
+
+    def ratio(self, cls: int) -> float:
+        """Admitted ÷ offered of ``cls`` (1 before anything was offered)."""
+        offered = self.offered.get(cls, 0.0)
+        return self.admitted.get(cls, 0.0) / offered if offered > 0 else 1.0
+
+    def overall(self) -> float:
+        """Admitted ÷ offered over every class (1 before anything was offered)."""
+        offered = sum(self.offered.values())
+        return sum(self.admitted.values()) / offered if offered > 0 else 1.0
+
+    def starved(self, cls: int, floor: float) -> bool:
+        """Whether ``cls``'s availability is below ``floor`` × the overall availability."""
+        if floor <= 0:
+            return False
+        return below_floor(
+            self.admitted.get(cls, 0.0), self.offered.get(cls, 0.0), floor * self.overall()
+        )
+
+
+def below_floor(admitted: float, offered: float, floor_ratio: float) -> bool:
+    """Whether ``admitted ÷ offered`` is below ``floor_ratio`` (never, with nothing
+    offered)."""
+    return offered > 0 and admitted < floor_ratio * offered
 
 
 class PolicyAdmission:
@@ -88,6 +165,8 @@ class PolicyAdmission:
         self._tenants: dict[str, int] = {}  # tenant → requests in flight
         self._weight_sum = 0.0  # Σ weights of tenants with requests in flight
         self.num_rejected = 0
+        self.num_floor_admitted = 0  # refusals the availability floor overturned
+        self.availability = ClassAvailability()
         self._rejections: Counter | None = None
         self._rejection_children: dict[tuple[str, str], object] = {}
         if registry is not None:
@@ -132,15 +211,27 @@ class PolicyAdmission:
         """Admit or reject ``info`` (see the module docstring). Admitted requests count in
         flight until :meth:`on_finished` sees their record."""
         policy = self.policy
+        cls = -1
+        if policy is not None and policy.prompt_class_bounds and policy.availability_floor > 0:
+            cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
+            self.availability.offer(cls, self.clock_s())
         if policy is not None:
-            decision = self._judge(policy, info)
+            decision = self._judge(policy, info, cls)
             if not decision.admit:
-                self._rejected(policy, info.priority, decision.objective)
-                return decision
+                if (
+                    cls < 0
+                    or decision.objective == "concurrency"
+                    or not self.availability.starved(cls, policy.availability_floor)
+                ):
+                    self._rejected(policy, info.priority, decision.objective)
+                    return decision
+                self.num_floor_admitted += 1
+        if cls >= 0:
+            self.availability.admit(cls)
         self._admitted(info.tenant)
         return ADMIT
 
-    def _judge(self, policy: AdmissionPolicy, info: RequestInfo) -> Decision:
+    def _judge(self, policy: AdmissionPolicy, info: RequestInfo, prompt_cls: int = -1) -> Decision:
         cls = policy.classes.get(info.priority)
         if cls is not None and not cls.sheddable:
             return ADMIT
@@ -174,7 +265,7 @@ class PolicyAdmission:
         if ttft_objective is None and itl_objective is None:
             return ADMIT
         factor = margin * cls.headroom_ratio
-        if self._over_share(info.tenant):
+        if self._over_share(info.tenant) or self._crowds_out(policy, prompt_cls):
             factor *= policy.over_share_ratio
         load = self.tracker
         rate = model.prefill_rate(load.min_prefill_id)
@@ -249,6 +340,17 @@ class PolicyAdmission:
             objective,
             predicted_s,
             allowed_s,
+        )
+
+    def _crowds_out(self, policy: AdmissionPolicy, prompt_cls: int) -> bool:
+        """Whether another prompt class is starved while ``prompt_cls`` is not: its allowed
+        latency then shrinks by ``over_share_ratio``, which leaves the starved class room."""
+        if prompt_cls < 0:
+            return False
+        floor = policy.availability_floor
+        avail = self.availability
+        return not avail.starved(prompt_cls, floor) and any(
+            avail.starved(other, floor) for other in avail.offered if other != prompt_cls
         )
 
     def _over_share(self, tenant: str) -> bool:

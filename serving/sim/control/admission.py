@@ -18,6 +18,11 @@ clock, with the policy the control plane would push, computed by the control pla
   prefill instances), and moved between snapshots by the requests it admits (each one
   queues on the least-loaded prefill instance, as routing sends it there).
 
+* **prompt classes** — the availability floor's prompt-length classes are the quartiles of
+  the prompts seen so far (:func:`~controlplane.policies.admission.prompt_quartiles`,
+  recomputed as the count grows by a quarter or by 1 000), as a control plane would learn
+  them; the floor is the config's (``AdmissionConfig.availability_floor``).
+
 The simulator's requests have no priority class, so they all get the default class (full
 headroom). ``plan`` never moves an instance: combine it with a planner
 (``serving.sim.experiments.contenders.Combined``).
@@ -34,7 +39,12 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from controlplane.policies.admission import AdmissionConfig, compute_policy, slo_key
+from controlplane.policies.admission import (
+    AdmissionConfig,
+    compute_policy,
+    prompt_quartiles,
+    slo_key,
+)
 from exporters.fleet import PoolRole
 from exporters.slo import Objective
 from serving.gateway.admission import Decision, RequestInfo
@@ -45,7 +55,7 @@ from serving.sim.cluster.policy import ClusterSnapshot
 from serving.sim.cluster.simulator import slo_spec
 from serving.sim.control.profile import profile_params
 
-__all__ = ["SimAdmission"]
+__all__ = ["SIM_CONFIG", "SimAdmission"]
 
 #: The simulator always reaches its control plane: the policy's TTL never runs out.
 SIM_CONFIG = AdmissionConfig(ttl_s=86_400.0)
@@ -75,6 +85,9 @@ class SimAdmission:
         self._num_seen = 0
         self._prompt_sum = 0.0
         self._output_sum = 0.0
+        self._prompts: list[int] = []
+        self._bounds: tuple[int, ...] = ()
+        self._bounds_at = 0  # requests seen when the bounds were computed
         self._burn: float | None = None
         self._version = 0
         self._refresh_policy()
@@ -86,6 +99,7 @@ class SimAdmission:
         self._num_seen += 1
         self._prompt_sum += info.prompt_tokens
         self._output_sum += info.max_tokens or 0
+        self._prompts.append(info.prompt_tokens)
         if not info.slo:  # the simulator's requests carry no slo label: its one SLO
             info = dataclasses.replace(info, slo=self.slo_label)
         decision = self.rule.decide(info)
@@ -125,8 +139,16 @@ class SimAdmission:
             output_tokens=self._output_sum / n if n else 256.0,
             decode_batch=self.tracker.decode_streams / max(1, self.tracker.num_decode),
         )
+        if n >= 1.25 * self._bounds_at or n >= self._bounds_at + 1_000:
+            self._bounds = prompt_quartiles(self._prompts)
+            self._bounds_at = n
         self._version += 1
         self.policy = compute_policy(
-            params, [self.slo], {self.slo.id: self._burn}, self.config, version=self._version
+            params,
+            [self.slo],
+            {self.slo.id: self._burn},
+            self.config,
+            version=self._version,
+            prompt_class_bounds=self._bounds if self.config.availability_floor > 0 else None,
         )
         self.rule.apply(self.policy)

@@ -6,6 +6,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controlplane.goodput import SLOSpec
 from controlplane.policies.admission import (
@@ -14,9 +16,11 @@ from controlplane.policies.admission import (
     compute_policy,
     margin_ratio,
     max_batch,
+    prompt_quartiles,
     slo_key,
 )
 from controlplane.policies.learning import DEFAULT_PRIOR, LearnedParams
+from exporters.admission import prompt_class
 from exporters.commands import Command, CommandKind, command_from_json, command_to_json
 from exporters.slo import Metric, Objective
 
@@ -128,3 +132,32 @@ def test_fingerprint_ignores_the_version_and_noise() -> None:
     assert fingerprint(base) == fingerprint(again)
     burning = compute_policy(PARAMS, slos, {"chat": 6.0}, config, version=3)
     assert fingerprint(burning) != fingerprint(base)
+
+
+@given(st.lists(st.integers(1, 200_000), min_size=1, max_size=400))
+def test_prompt_quartiles_cut_nonempty_ascending_classes(prompts: list[int]) -> None:
+    bounds = prompt_quartiles(prompts)
+    assert len(bounds) <= 3 and list(bounds) == sorted(set(bounds))
+    assert all(b in prompts and b < max(prompts) for b in bounds)
+    counts = [0] * (len(bounds) + 1)
+    for p in prompts:
+        counts[prompt_class(bounds, p)] += 1
+    assert all(counts)  # every class holds a prompt
+    if len(set(prompts)) == len(prompts) >= 8:  # distinct lengths: about a quarter each
+        assert len(bounds) == 3 and max(counts) <= math.ceil(len(prompts) / 4) + 1
+
+
+def test_the_availability_floor_reaches_the_policy_only_with_classes() -> None:
+    slos = [spec("a", (Objective(Metric.TTFT, 0.5),))]
+    config = AdmissionConfig()
+    assert config.availability_floor == 0.5
+    plain = compute_policy(PARAMS, slos, {}, config, version=1)
+    assert plain.prompt_class_bounds == () and plain.availability_floor == 0.0
+    assert "availability_floor" not in plain.to_json()  # the wire as before
+    classed = compute_policy(PARAMS, slos, {}, config, version=2, prompt_class_bounds=[500, 2000])
+    assert classed.prompt_class_bounds == (500, 2000) and classed.availability_floor == 0.5
+    configured = AdmissionConfig(prompt_class_bounds=(1000,), availability_floor=0.3)
+    policy = compute_policy(PARAMS, slos, {}, configured, version=3)
+    assert policy.prompt_class_bounds == (1000,) and policy.availability_floor == 0.3
+    with pytest.raises(ValueError, match="availability_floor must be in"):
+        AdmissionConfig(availability_floor=1.0)

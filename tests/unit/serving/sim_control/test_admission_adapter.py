@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from controlplane.policies.admission import prompt_quartiles
 from exporters.slo import Metric, Objective
 from serving.sim.cluster.policy import SimPolicy
 from serving.sim.cluster.results import SimOptions
 from serving.sim.cluster.simulator import Simulator
 from serving.sim.cluster.spec import parse_cluster
 from serving.sim.cluster.workload import build_workload
-from serving.sim.control.admission import SimAdmission
+from serving.sim.control.admission import SIM_CONFIG, SimAdmission
 from serving.sim.control.profile import profile_params
 from serving.traces import load_trace
 
@@ -62,3 +65,22 @@ def test_light_load_is_admitted() -> None:
 def test_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval_s must be a finite number > 0"):
         SimAdmission(profile=PROFILE, objectives=OPTIONS.objectives, interval_s=0)
+
+
+def test_the_availability_floor_rides_on_the_quartiles_of_the_prompts_seen() -> None:
+    spec = parse_cluster("prefill=1,decode=1,model=llama3.1-8b")
+    work = build_workload(load_trace("azure_code"), rate_scale=12.0, duration_s=30)
+    floored = SimAdmission(profile=spec.profile, objectives=OPTIONS.objectives, interval_s=0.1)
+    Simulator(spec, work, OPTIONS, policy=floored).run()
+    bounds = floored.policy.prompt_class_bounds
+    assert len(bounds) == 3 and floored.policy.availability_floor == 0.5
+    assert bounds == prompt_quartiles(list(work.prompt_tokens)[: floored._bounds_at])
+    off = SimAdmission(
+        profile=spec.profile,
+        objectives=OPTIONS.objectives,
+        interval_s=0.1,
+        config=dataclasses.replace(SIM_CONFIG, availability_floor=0.0),
+    )
+    Simulator(spec, work, OPTIONS, policy=off).run()
+    assert off.policy.prompt_class_bounds == () and off.rule.num_floor_admitted == 0
+    assert set(floored.rule.availability.offered) == {0, 1, 2, 3}  # every class counted
