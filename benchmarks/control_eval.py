@@ -16,7 +16,12 @@ Last line, for ours (``others`` holds the same figures for every other contender
 ≥ 0.9), ``"shift_goodput_ratio"`` (min over the two phases of goodput ÷ the best static
 split's in that phase; goal ≥ 0.9), ``"recovery_s"`` (goal ≤ 60), ``"vs_dynamo_ratio"``
 (geometric mean over the overload cells of goodput ÷ the better Dynamo-style planner's),
-``"role_changes_per_h"`` (max over traces)``, ...}``.
+``"role_changes_per_h"`` (max over traces), ``"overload_token_goodput_ratio"`` (min over
+traces and levels of token goodput — good prompt + output tokens per second, by arrival —
+÷ the peak token goodput; goal ≥ 0.9), ``"worst_class_availability"`` (min over traces,
+levels and prompt-length classes — the quartiles of the trace's prompt lengths — of
+admitted ÷ offered; goal ≥ 0.25), ``"worst_class_availability_ratio"`` (the same class's
+availability ÷ its cell's overall availability; the admission rule's floor is 0.5)``, ...}``.
 
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
 
@@ -39,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controlplane.policies.admission import prompt_quartiles  # noqa: E402
 from exporters.slo import Metric, Objective  # noqa: E402
 from serving.sim.experiments.contenders import Contender, baseline_contenders  # noqa: E402
 from serving.sim.experiments.experiments import (  # noqa: E402
@@ -54,11 +60,13 @@ from serving.sim.experiments.experiments import (  # noqa: E402
 )
 from serving.sim.experiments.ours import OURS, control_contenders  # noqa: E402
 from serving.sim.experiments.report import (  # noqa: E402
+    class_table,
     overload_table,
     shift_table,
     stability_table,
+    token_table,
 )
-from serving.sim.experiments.scenario import Scenario  # noqa: E402
+from serving.sim.experiments.scenario import Scenario, cached_trace  # noqa: E402
 
 TRACES = ("azure_code", "azure_conv", "mooncake")
 LEVELS = (1.5, 2.0, 3.0)
@@ -89,6 +97,19 @@ def _geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def prompt_classes(trace: str) -> tuple[int, ...]:
+    """The evaluation's prompt-length classes for ``trace``: its prompt-length quartiles."""
+    return prompt_quartiles(cached_trace(trace).input_tokens.tolist())
+
+
+def worst_class(cell: OverloadCell, bounds: tuple[int, ...]) -> tuple[float, float]:
+    """The lowest availability over ``cell``'s prompt classes, and it ÷ the cell's own."""
+    counts = [k for k in cell.outcome.class_counts(bounds) if k.offered]
+    worst = min((k.availability_ratio for k in counts), default=1.0)
+    overall = 1.0 - cell.outcome.rejected_ratio
+    return worst, (worst / overall if overall > 0 else 1.0)
+
+
 def summarise(
     name: str,
     cells: list[OverloadCell],
@@ -109,12 +130,18 @@ def summarise(
     ]
     shifted = next((s for s in shift if s.contender == name), None)
     stab = [s.role_changes_per_h for s in stable if s.contender == name]
+    worst = [worst_class(c, prompt_classes(c.trace)) for c in mine]
     return {
         "overload_goodput_ratio": round(min(c.goodput_ratio for c in mine), 4) if mine else None,
         "shift_goodput_ratio": round(min(shifted.phase_ratios), 4) if shifted else None,
         "recovery_s": _recovery(shifted),
         "vs_dynamo_ratio": round(g, 4) if (g := _geomean(vs)) is not None else None,
         "role_changes_per_h": round(max(stab), 2) if stab else None,
+        "overload_token_goodput_ratio": (
+            round(min(c.token_goodput_ratio for c in mine), 4) if mine else None
+        ),
+        "worst_class_availability": round(min(w for w, _ in worst), 4) if worst else None,
+        "worst_class_availability_ratio": round(min(r for _, r in worst), 4) if worst else None,
     }
 
 
@@ -174,6 +201,8 @@ def main() -> None:
     tables = "\n\n".join(
         [
             overload_table(cells, caps, peaks),
+            token_table(cells),
+            class_table(cells, {t: prompt_classes(t) for t in caps}),
             shift_table(setup, shifts),
             *(shift_table(more_setup, more) for more_setup, more in harder),
             stability_table(stable),
@@ -200,6 +229,9 @@ def main() -> None:
         name: summarise(name, cells, shifts, stable) for name in sorted(names - {OURS})
     }
     headline["peak_goodput_rps"] = {t: round(p, 3) for t, p in peaks.items()}
+    headline["peak_token_goodput_tps"] = {
+        t: round(next(c.peak_token_goodput_tps for c in cells if c.trace == t), 1) for t in peaks
+    }
     headline["knee_rate_scale"] = {t: round(c.rate, 3) for t, c in caps.items()}
     headline["instances"] = size.instances
     headline["wall_s"] = round(time.perf_counter() - wall0, 1)
@@ -223,6 +255,7 @@ def _results(
                 "knee": c.rate,
                 "knees": {f"{p}P:{d}D": k for (p, d), k in c.knees.items()},
                 "peak_goodput_rps": peaks[t],
+                "prompt_class_bounds": list(prompt_classes(t)),
                 "runs": c.num_runs,
             }
             for t, c in caps.items()
@@ -233,7 +266,17 @@ def _results(
                 "level": c.level,
                 "contender": c.contender,
                 "goodput_ratio": round(c.goodput_ratio, 4),
+                "token_goodput_ratio": round(c.token_goodput_ratio, 4),
                 **c.outcome.row(),
+                "classes": [
+                    {
+                        "prompt_tokens": [k.low, k.high],
+                        "offered": k.offered,
+                        "rejected": k.rejected,
+                        "availability_ratio": round(k.availability_ratio, 4),
+                    }
+                    for k in c.outcome.class_counts(prompt_classes(c.trace))
+                ],
             }
             for c in cells
         ],

@@ -3,7 +3,8 @@
 * :func:`capacity` — the cluster's knee without control: for every static split, the
   highest rate scale whose attainment meets the target (a :func:`find_knee` bisection;
   a split is skipped after one run when it misses the target just above the best knee so
-  far), the best split, and the **peak goodput**: that split's goodput at the knee.
+  far), the best split, and the **peak goodput**: the most goodput any of those runs
+  reached (and the **peak token goodput**, good tokens per second, found the same way).
 * :func:`overload` — every contender at ``levels`` × the knee, started from the best
   split, and the best static split at each level (a sweep: the max goodput over splits).
 * :func:`workload_shift` — prompts ×``factor`` from half-way through the run; each
@@ -55,6 +56,12 @@ class Capacity:
     peak: RunOutcome
     knees: dict[tuple[int, int], float] = field(default_factory=dict)
     num_runs: int = 0
+    peak_tokens: RunOutcome | None = None  # the run with the most token goodput
+
+    @property
+    def peak_token_goodput_tps(self) -> float:
+        top = self.peak_tokens or self.peak
+        return top.token_goodput_tps
 
     @property
     def rate(self) -> float:
@@ -115,7 +122,8 @@ def capacity(
         )
     attainment(split)(1.2 * knee.rate)
     peak = max(runs.values(), key=lambda r: r.goodput_rps)
-    return Capacity(split, knee, peak, knees, len(runs))
+    peak_tokens = max(runs.values(), key=lambda r: r.token_goodput_tps)
+    return Capacity(split, knee, peak, knees, len(runs), peak_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +135,18 @@ class OverloadCell:
     contender: str
     outcome: RunOutcome
     peak_goodput_rps: float
+    peak_token_goodput_tps: float = 0.0
 
     @property
     def goodput_ratio(self) -> float:
         """Goodput over the peak goodput (the goal: >= 0.9)."""
         return self.outcome.goodput_rps / self.peak_goodput_rps if self.peak_goodput_rps else 0.0
+
+    @property
+    def token_goodput_ratio(self) -> float:
+        """Token goodput over the peak token goodput."""
+        peak = self.peak_token_goodput_tps
+        return self.outcome.token_goodput_tps / peak if peak else 0.0
 
 
 def best_static(
@@ -158,20 +173,26 @@ def overload(
     splits: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[float, list[OverloadCell]]:
     """Every contender and the best static split at each level × the knee; returns the
-    peak goodput (the capacity search's, or a static sweep's if higher) and the cells."""
+    peak goodput (the capacity search's, or a static sweep's if higher) and the cells
+    (each also holds the peak token goodput, found the same way)."""
     splits = list(splits or static_splits(scenario.num_instances))
     runs: list[tuple[float, str, RunOutcome]] = []
     peak = cap.peak_goodput_rps
+    peak_tokens = cap.peak_token_goodput_tps
     for level in levels:
         rate = level * cap.rate
         for contender in contenders:
             policy = contender.make(scenario, cap.split)
             out = run_policy(scenario, cap.split, rate, policy, name=contender.name)
             runs.append((level, contender.name, out))
-        static = best_static(scenario, rate, splits)[0]
+        sweep = best_static(scenario, rate, splits)
+        static = sweep[0]
         peak = max(peak, static.goodput_rps)
+        peak_tokens = max(peak_tokens, *(r.token_goodput_tps for r in sweep))
         runs.append((level, "best static", static))
-    cells = [OverloadCell(scenario.trace, lvl, name, out, peak) for lvl, name, out in runs]
+    cells = [
+        OverloadCell(scenario.trace, lvl, name, out, peak, peak_tokens) for lvl, name, out in runs
+    ]
     return peak, cells
 
 

@@ -7,9 +7,11 @@ objectives and the cluster's profile.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+from controlplane.policies.admission import AdmissionConfig
 from serving.sim.cluster import SimPolicy
-from serving.sim.control.admission import SimAdmission
+from serving.sim.control.admission import SIM_CONFIG, SimAdmission
 from serving.sim.control.planner import DynamoPolicy, PlannerPolicy
 from serving.sim.experiments.contenders import Combined, Contender
 from serving.sim.experiments.scenario import Scenario
@@ -19,6 +21,7 @@ __all__ = [
     "DYNAMO_SHORT_INTERVAL_S",
     "OURS",
     "OURS_1S",
+    "OURS_NO_FLOOR",
     "control_contenders",
 ]
 
@@ -36,6 +39,9 @@ ADMISSION_INTERVAL_S = 0.1
 #: Ours with the admission adapter's default 1-s sync (the sensitivity to it).
 OURS_1S = "ours, admission synced every 1 s"
 
+#: Ours without the availability floor (the guard's cost and effect).
+OURS_NO_FLOOR = "ours, no availability floor"
+
 Build = Callable[[Scenario, tuple[int, int]], SimPolicy]
 
 
@@ -43,12 +49,13 @@ def _profile(scenario: Scenario, split: tuple[int, int]) -> str:
     return scenario.spec(split).profile
 
 
-def _admission(interval_s: float) -> Build:
+def _admission(interval_s: float, config: AdmissionConfig = SIM_CONFIG) -> Build:
     def build(scenario: Scenario, split: tuple[int, int]) -> SimPolicy:
         return SimAdmission(
             profile=_profile(scenario, split),
             objectives=scenario.objectives,
             interval_s=interval_s,
+            config=config,
         )
 
     return build
@@ -90,4 +97,8 @@ def control_contenders() -> list[Contender]:
         Contender("ours (admission only)", admission),
         Contender(OURS, _ours(admission), plans=True),
         Contender(OURS_1S, _ours(_admission(1.0)), plans=True),
+        Contender(
+            OURS_NO_FLOOR,
+            _ours(_admission(ADMISSION_INTERVAL_S, replace(SIM_CONFIG, availability_floor=0.0))),
+        ),
     ]

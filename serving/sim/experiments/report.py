@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -13,7 +14,13 @@ from serving.sim.experiments.experiments import (
     StabilityOutcome,
 )
 
-__all__ = ["overload_table", "shift_table", "stability_table"]
+__all__ = [
+    "class_table",
+    "overload_table",
+    "shift_table",
+    "stability_table",
+    "token_table",
+]
 
 
 def _split(split: tuple[int, int]) -> str:
@@ -69,6 +76,81 @@ def overload_table(
                 rps = cell.outcome.total.offered / cell.outcome.duration_s
                 offered.append(f"{rps / peaks[trace]:.2f} ({rps:.1f} req/s)")
         lines.append("|  | *offered ÷ peak (all good)* | " + " | ".join(offered) + " |")
+    return "\n".join(lines)
+
+
+def _cell(
+    cells: Sequence[OverloadCell], trace: str, level: float, name: str
+) -> OverloadCell | None:
+    return next(
+        (c for c in cells if c.trace == trace and c.level == level and c.contender == name),
+        None,
+    )
+
+
+def token_table(cells: Sequence[OverloadCell]) -> str:
+    """Per trace, per contender: token goodput ÷ the peak token goodput at each level,
+    beside request goodput ÷ the peak goodput (the overload table's figure)."""
+    levels = sorted({c.level for c in cells})
+    lines = [
+        "| trace | contender | "
+        + " | ".join(f"{lvl:g}× knee: tokens (requests)" for lvl in levels)
+        + " |",
+        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
+    ]
+    for trace in dict.fromkeys(c.trace for c in cells):
+        first = next(c for c in cells if c.trace == trace)
+        label = f"{trace} (peak {first.peak_token_goodput_tps:,.0f} good tokens/s)"
+        for name in dict.fromkeys(c.contender for c in cells if c.trace == trace):
+            row = []
+            for lvl in levels:
+                cell = _cell(cells, trace, lvl, name)
+                row.append(
+                    "–"
+                    if cell is None
+                    else f"**{cell.token_goodput_ratio:.2f}** ({cell.goodput_ratio:.2f})"
+                )
+            lines.append(f"| {label} | {name} | " + " | ".join(row) + " |")
+            label = ""
+    return "\n".join(lines)
+
+
+def _bounds_label(bounds: tuple[int, ...]) -> str:
+    edges = [f"≤ {bounds[0]:,}"] if bounds else ["all"]
+    edges += [f"{a:,}–{b:,}" for a, b in itertools.pairwise(bounds)]
+    if bounds:
+        edges.append(f"> {bounds[-1]:,}")
+    return " / ".join(edges)
+
+
+def class_table(cells: Sequence[OverloadCell], bounds: Mapping[str, tuple[int, ...]]) -> str:
+    """Per trace, per contender that rejects anything, per level: availability per
+    prompt-length class (the trace's quartiles) and each class's share of the rejections."""
+    levels = sorted({c.level for c in cells})
+    lines = [
+        "| trace (prompt classes, tokens) | contender | "
+        + " | ".join(f"{lvl:g}× knee: availability (share of rejections)" for lvl in levels)
+        + " |",
+        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
+    ]
+    for trace in dict.fromkeys(c.trace for c in cells):
+        label = f"{trace} ({_bounds_label(bounds[trace])})"
+        for name in dict.fromkeys(c.contender for c in cells if c.trace == trace):
+            mine = [c for c in cells if c.trace == trace and c.contender == name]
+            if not any(c.outcome.total.rejected for c in mine):
+                continue
+            row = []
+            for lvl in levels:
+                cell = _cell(cells, trace, lvl, name)
+                if cell is None:
+                    row.append("–")
+                    continue
+                counts = cell.outcome.class_counts(bounds[trace])
+                avail = "/".join(f"{100 * k.availability_ratio:.0f}" for k in counts)
+                share = "/".join(f"{100 * k.rejected_share:.0f}" for k in counts)
+                row.append(f"{avail} % ({share} %)")
+            lines.append(f"| {label} | {name} | " + " | ".join(row) + " |")
+            label = ""
     return "\n".join(lines)
 
 

@@ -8,6 +8,11 @@ is good / judged (admitted, finished OK or in error); rejected requests are not 
 and are reported beside goodput (``rejected_ratio``) so that shedding never passes for
 service. Every request is judged with ``exporters.slo.judge`` on the run's records (the
 goodput engine's own verdicts), then windows are cut by arrival time.
+
+**Token goodput** is counted the same way, in tokens: the prompt and output tokens of the
+good requests arriving in the window, divided by the window. A policy that sheds the most
+expensive requests gains request goodput cheaply; token goodput does not reward that.
+:meth:`RunOutcome.class_counts` gives offered and rejected per prompt-length class.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from serving.sim.cluster import NoControl, SimPolicy, Simulator, Workload, build
 from serving.sim.experiments.observe import RoleChange, RoleChangeObserver
 from serving.sim.experiments.scenario import Scenario, cached_trace
 
-__all__ = ["RunOutcome", "WindowStats", "run_policy", "scenario_workload"]
+__all__ = ["ClassCounts", "RunOutcome", "WindowStats", "run_policy", "scenario_workload"]
 
 F64 = npt.NDArray[np.float64]
 B = npt.NDArray[np.bool_]
+I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,7 @@ class WindowStats:
     judged: int
     good: int
     rejected: int
+    good_tokens: int = 0  # prompt + output tokens of the good requests
 
     @property
     def goodput_rps(self) -> float:
@@ -49,9 +56,37 @@ class WindowStats:
         return self.good / span if span > 0 else 0.0
 
     @property
+    def token_goodput_tps(self) -> float:
+        """Good prompt + output tokens per second of arrivals."""
+        span = self.end_s - self.start_s
+        return self.good_tokens / span if span > 0 else 0.0
+
+    @property
     def attainment_ratio(self) -> float:
         """good / judged; 1.0 when nothing was judged (nothing was served badly)."""
         return self.good / self.judged if self.judged else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClassCounts:
+    """One prompt-length class of a run: prompts in ``(low, high]`` tokens, the requests
+    offered, rejected, and all the run's rejections (for the class's share of them)."""
+
+    low: int
+    high: int | None  # None: no upper bound
+    offered: int
+    rejected: int
+    all_rejected: int
+
+    @property
+    def availability_ratio(self) -> float:
+        """Admitted ÷ offered (1 when nothing was offered)."""
+        return 1.0 - self.rejected / self.offered if self.offered else 1.0
+
+    @property
+    def rejected_share(self) -> float:
+        """This class's share of the run's rejections (0 when none)."""
+        return self.rejected / self.all_rejected if self.all_rejected else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +108,37 @@ class RunOutcome:
     good: B
     judged: B
     rejected: B
+    tokens: I64  # prompt + output tokens per request (output: as emitted)
+    prompt_tokens: I64
 
     @property
     def goodput_rps(self) -> float:
         return self.total.goodput_rps
+
+    @property
+    def token_goodput_tps(self) -> float:
+        return self.total.token_goodput_tps
+
+    def class_counts(self, bounds: tuple[int, ...]) -> list[ClassCounts]:
+        """Offered and rejected per prompt-length class (class ``i``: prompts in
+        ``(bounds[i-1], bounds[i]]``), for the requests arriving in the run."""
+        rows = (self.arrival_s >= 0.0) & (self.arrival_s < self.duration_s)
+        cls = np.searchsorted(np.asarray(bounds, dtype=np.int64), self.prompt_tokens, "left")
+        all_rejected = int((rows & self.rejected).sum())
+        edges = (0, *bounds)
+        out = []
+        for i, low in enumerate(edges):
+            mine = rows & (cls == i)
+            out.append(
+                ClassCounts(
+                    low=low,
+                    high=bounds[i] if i < len(bounds) else None,
+                    offered=int(mine.sum()),
+                    rejected=int((mine & self.rejected).sum()),
+                    all_rejected=all_rejected,
+                )
+            )
+        return out
 
     @property
     def attainment_ratio(self) -> float:
@@ -110,6 +172,7 @@ class RunOutcome:
             judged=int((rows & self.judged).sum()),
             good=int((rows & self.good).sum()),
             rejected=int((rows & self.rejected).sum()),
+            good_tokens=int(self.tokens[rows & self.good].sum()),
         )
 
     def row(self) -> dict[str, object]:
@@ -121,6 +184,7 @@ class RunOutcome:
             "goodput_rps": round(self.goodput_rps, 4),
             "attainment_ratio": round(self.attainment_ratio, 4),
             "rejected_ratio": round(self.rejected_ratio, 4),
+            "token_goodput_tps": round(self.token_goodput_tps, 1),
             "role_changes": len(self.role_changes),
             "final_split": f"{self.final_split[0]}P:{self.final_split[1]}D",
             "dropped_jobs": self.dropped_jobs,
@@ -174,6 +238,8 @@ def run_policy(
     result = sim.run()
     batch = RecordBatch.concat(result.records or [])
     arrival, good, judged, rejected = _verdict_columns(batch, scenario, options.epoch_s)
+    prompt_tokens = batch.prompt_tokens.astype(np.int64)
+    tokens = prompt_tokens + batch.output_tokens()
     outcome = RunOutcome(
         policy=name or ("none" if policy is None else type(policy).__name__),
         split=split,
@@ -186,6 +252,7 @@ def run_policy(
             judged=int(judged.sum()),
             good=int(good.sum()),
             rejected=int(rejected.sum()),
+            good_tokens=int(tokens[good].sum()),
         ),
         role_changes=tuple(observer.changes) if observer else (),
         moved_jobs=len(observer.held) if observer else 0,
@@ -196,5 +263,7 @@ def run_policy(
         good=good,
         judged=judged,
         rejected=rejected,
+        tokens=tokens,
+        prompt_tokens=prompt_tokens,
     )
     return outcome

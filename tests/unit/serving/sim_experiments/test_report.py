@@ -25,7 +25,13 @@ from serving.sim.experiments.experiments import (
 )
 from serving.sim.experiments.ours import OURS, control_contenders
 from serving.sim.experiments.plots import write_plots
-from serving.sim.experiments.report import overload_table, shift_table, stability_table
+from serving.sim.experiments.report import (
+    class_table,
+    overload_table,
+    shift_table,
+    stability_table,
+    token_table,
+)
 from serving.sim.experiments.run import run_policy
 from serving.sim.experiments.scenario import Scenario
 
@@ -83,6 +89,31 @@ def test_tables_name_every_contender(evaluation: Evaluation) -> None:
     shift = shift_table(evaluation.setup, evaluation.shifts)
     assert "phase 1" in shift and "| no control |" in shift
     assert "dropped" in stability_table(evaluation.stable)
+
+
+def test_token_goodput_and_prompt_classes_are_counted_by_arrival(evaluation: Evaluation) -> None:
+    shedder = next(c for c in evaluation.cells if c.contender == "threshold shedder")
+    out = shedder.outcome
+    good = out.good & (out.arrival_s < out.duration_s)
+    assert out.total.good_tokens == int(out.tokens[good].sum()) > 0
+    assert out.token_goodput_tps == pytest.approx(out.total.good_tokens / out.duration_s)
+    assert all(c.peak_token_goodput_tps == shedder.peak_token_goodput_tps for c in evaluation.cells)
+    assert shedder.peak_token_goodput_tps >= max(
+        c.outcome.token_goodput_tps for c in evaluation.cells if c.contender == "best static"
+    )
+    counts = out.class_counts((500, 1000))
+    assert [(k.low, k.high) for k in counts] == [(0, 500), (500, 1000), (1000, None)]
+    assert sum(k.offered for k in counts) == out.total.offered
+    assert sum(k.rejected for k in counts) == out.total.rejected
+    assert sum(k.rejected_share for k in counts) == pytest.approx(
+        1.0 if out.total.rejected else 0.0
+    )
+    tokens = token_table(evaluation.cells)
+    assert "good tokens/s" in tokens and "| threshold shedder |" in tokens
+    classes = class_table(evaluation.cells, {"azure_conv": (500, 1000)})
+    assert "≤ 500 / 500–1,000 / > 1,000" in classes
+    assert ("| threshold shedder |" in classes) == (out.total.rejected > 0)
+    assert "| no control |" not in classes  # rejects nothing
 
 
 def test_plots_are_written(evaluation: Evaluation, tmp_path: Path) -> None:
