@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.fleet import PoolRole
 from exporters.prometheus import KVTransferExporter
-from exporters.sinks import FanoutSink, RecordSink
+from exporters.sinks import RecordSink
 from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
 from serving.sim.instance import InstanceConfig
 from serving.sim.latency_model import LatencyModel, get_profile, profile_names
@@ -151,20 +151,21 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     # Engine records: the KV hand-off metrics on /metrics, and the control plane's ingest
     # (as the vLLM plugin ships them) when one is given.
     registry = CollectorRegistry(auto_describe=False)
-    sinks: list[RecordSink] = [KVTransferExporter(registry)]
+    shipped: RecordSink | None = None
     if spec.control_plane and spec.ingest_key:
         from exporters.transport import ControlPlaneExporter
 
         exporter = ControlPlaneExporter(
             spec.control_plane, api_key=spec.ingest_key, exporter_id=f"sim-{spec.host}:{spec.port}"
         )
-        sinks.append(exporter)
+        shipped = exporter
         stops.append(lambda: exporter.shutdown(timeout_s=5.0))
 
         def extra_info() -> dict[str, Any]:
             return {"engine_records": asdict(exporter.stats())}
 
-    EngineRecords(engine, FanoutSink(*sinks), model=settings.served_model_name).attach()
+    kv_sink = KVTransferExporter(registry)
+    EngineRecords(engine, shipped, model=settings.served_model_name, kv_sink=kv_sink).attach()
 
     runner = None
     if agent is not None:

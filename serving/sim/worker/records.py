@@ -10,19 +10,26 @@ the wall clock (virtual 0 = the wall time the engine started). Request ids are t
 ``x-request-id`` each leg was sent with, so the gateway's record joins the decode leg's
 and ``<id>-prefill`` names the prefill leg's.
 
-A decode leg whose prompt's KV cache came from another worker carries what vLLM's
-finished-request stats cannot tell: ``kv_bytes`` (its prompt tokens × the model's KV bytes
-per token, as the plugin computes it) and the hand-off phases, ``KV_HANDOFF_START`` at its
-arrival (the fetch starts at once) and ``KV_HANDOFF_END`` when the modelled transfer landed
-(:meth:`~serving.sim.worker.engine.SimEngine.transfer_s` over the worker's link).
+A decode leg whose prompt's KV cache came from another worker carries ``kv_bytes`` (its
+prompt tokens × the model's KV bytes per token, as the plugin computes it). The worker's own
+KV metrics (``kv_sink``: a :class:`~exporters.prometheus.KVTransferExporter` on its
+``/metrics``) get a copy of that record whose only phases are ``KV_HANDOFF_START`` at its
+arrival (the fetch starts at once), ``KV_HANDOFF_END`` when the modelled transfer landed
+(:meth:`~serving.sim.worker.engine.SimEngine.transfer_s` over the worker's link) and
+``FINISHED``. The record shipped to the control plane keeps the plugin's phases only, as a
+vLLM worker's: there ``KV_HANDOFF_*`` means the gateway's hand-off (prefill answered →
+decode's first token), which the admission learner reads, and the ingest screen wants the
+phases in order, which an engine-side transfer before the first token would break.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from exporters.records import Phase
+import numpy as np
+
+from exporters.records import NUM_PHASES, Phase
 from exporters.sinks import RecordSink
 from serving.sim.worker.engine import SimEngine, SimRequest
 from serving.vllm_plugin.records import EngineRecordBuilder
@@ -51,12 +58,21 @@ def _or(value: float, default: float) -> float:
 
 class EngineRecords:
     """Listens to ``engine`` and hands its records to ``exporter`` (a
-    :class:`~exporters.transport.ControlPlaneExporter` in the worker); install with
+    :class:`~exporters.transport.ControlPlaneExporter` in the worker; ``None``: none) and,
+    with the hand-off phases, to ``kv_sink`` (see the module docstring); install with
     :meth:`attach`."""
 
-    def __init__(self, engine: SimEngine, exporter: RecordSink, *, model: str) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        exporter: RecordSink | None,
+        *,
+        model: str,
+        kv_sink: RecordSink | None = None,
+    ) -> None:
         self.engine = engine
         self.exporter = exporter
+        self.kv_sink = kv_sink
         self.builder = EngineRecordBuilder(
             model=model, kv_bytes_per_token=engine.kv_bytes_per_token
         )
@@ -89,8 +105,11 @@ class EngineRecords:
             num_cached_tokens=request.cached_tokens,
         )
         record = self.builder.build(finished, self.engine.wall_at_zero_s + at_s)
-        if request.external_tokens and math.isfinite(job.kv_end_s):
-            phases = record.phase_offsets_us
+        if self.exporter is not None:
+            self.exporter.export(record)
+        if self.kv_sink is not None and request.external_tokens and math.isfinite(job.kv_end_s):
+            phases = np.full(NUM_PHASES, -1, dtype=np.int64)
             phases[Phase.KV_HANDOFF_START] = 0
             phases[Phase.KV_HANDOFF_END] = round(max(0.0, job.kv_end_s - request.arrival_s) * 1e6)
-        self.exporter.export(record)
+            phases[Phase.FINISHED] = record.phase_offsets_us[Phase.FINISHED]
+            self.kv_sink.export(replace(record, phase_offsets_us=phases))

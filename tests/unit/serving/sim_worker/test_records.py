@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from exporters.records import Phase, Status, TokenDetail, Vantage
@@ -51,13 +52,34 @@ async def test_one_record_per_leg_with_modelled_times_and_the_transferred_kv() -
     assert decode_record.emission_offsets_us[0] == pytest.approx(first * 1e6, abs=2)
     assert decode_record.kv_bytes == 1500 * engine.kv_bytes_per_token
     assert decode_record.cached_tokens == 1500
-    # The hand-off: from the leg's arrival until the modelled transfer landed.
-    assert decode_record.phase_offsets_us[Phase.KV_HANDOFF_START] == 0
-    handoff_us = decode_record.phase_offsets_us[Phase.KV_HANDOFF_END]
-    assert handoff_us == pytest.approx(engine.transfer_s(1500) * 1e6, abs=2)
-    assert (prefill_record.phase_offsets_us[[Phase.KV_HANDOFF_START, Phase.KV_HANDOFF_END]]
-            == -1).all()  # fmt: skip
     # Arrival on the wall clock: the engine's origin plus the virtual arrival.
     arrival_s = engine.wall_at_zero_s + remote.arrival_s
     assert decode_record.arrival_time_ns == pytest.approx(arrival_s * 1e9, abs=2_000)
+    engine.close()
+
+
+async def test_the_kv_sink_gets_the_modelled_handoff_and_the_shipped_record_does_not() -> None:
+    engine = SimEngine(LATENCY, InstanceConfig(jitter_ratio=0.0))
+    shipped, kv = InMemorySink(), InMemorySink()
+    EngineRecords(engine, shipped, model="llama-3.1-8b", kv_sink=kv).attach()
+    engine.start()
+    prompt = parse_completion_prompt({"prompt": word_prompt(1500, 1)}, block_tokens=512)
+    await finish(engine.submit("r1-prefill", prompt, max_tokens=1, output_tokens=1))
+    await finish(engine.submit("r1", prompt, max_tokens=9, output_tokens=9, remote_kv=True))
+    prefill_record, decode_record = shipped.records
+    (handoff,) = kv.records  # the decode leg only: the prefill leg received nothing
+    assert handoff.request_id == "r1" and handoff.kv_bytes == decode_record.kv_bytes > 0
+    phases = handoff.phase_offsets_us
+    assert phases[Phase.KV_HANDOFF_START] == 0
+    assert phases[Phase.KV_HANDOFF_END] == pytest.approx(engine.transfer_s(1500) * 1e6, abs=2)
+    assert phases[Phase.FINISHED] == decode_record.phase_offsets_us[Phase.FINISHED]
+    others = [p for p in Phase if p not in (Phase.KV_HANDOFF_START, Phase.KV_HANDOFF_END,
+                                            Phase.FINISHED)]  # fmt: skip
+    assert (phases[others] == -1).all()
+    # Shipped as a vLLM worker ships it: no engine-side hand-off phases, in order.
+    for record in (prefill_record, decode_record):
+        shipped_phases = record.phase_offsets_us
+        assert shipped_phases[Phase.KV_HANDOFF_START] == shipped_phases[Phase.KV_HANDOFF_END] == -1
+        present = shipped_phases[shipped_phases >= 0]
+        assert (np.diff(present) >= 0).all()
     engine.close()
