@@ -12,8 +12,8 @@ the ``datasource`` variable, and links to the others that keep the time range an
   over between pools (tokens by source, bytes/s, transfer time), vLLM's own ``vllm:*``
   latency panels, role and policy changes, commands and planner moves as annotations.
 * ``goodput-control-loops``: admission (admitted vs shed by class and reason, mode, policy
-  version), commands by kind and state, the planner's moves and its predicted vs observed
-  goodput, and the gateway's upstream calls and retries.
+  version, predicted vs observed TTFT), commands by kind and state, the planner's moves and
+  its predicted vs observed goodput, and the gateway's upstream calls and retries.
 * ``goodput-exporters``: records delivered, retried, dropped and rejected per exporter;
   ingest rate; ingest batches by outcome.
 
@@ -582,6 +582,23 @@ def _control_loops() -> gd.Dashboard:
     )
     board = board.with_panel(
         _series("Policy version", [("goodput_gateway_admission_policy_version", "{{instance}}")])
+    )
+    board = board.with_panel(
+        _series(
+            "Admission: predicted vs observed TTFT",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le, kind) "
+                    f"(rate(goodput_gateway_admission_ttft_seconds_bucket[{RATE}])))",
+                    f"p{q * 100:g} {{{{kind}}}}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            unit="s",
+            description="The TTFT admission predicted for each admitted request (prefill queue, "
+            "prefill, KV hand-off) and the TTFT the gateway measured for the same requests "
+            "(those that finished with a token), while a policy was in force.",
+        )
     )
     board = board.with_row(gd.Row("Commands"))
     board = board.with_panel(

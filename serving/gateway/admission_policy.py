@@ -47,6 +47,16 @@ Every admitted request counts in flight (per tenant, for fairness, and in all, f
 fallback cap) until its record is finished (:meth:`on_finished`, fed by the gateway's
 record sink through :class:`AdmissionFeedback`).
 
+Predicted against observed: while a policy with a model is in force, every admitted request
+gets the TTFT prediction of step 1 (whether or not its SLO has a TTFT objective), kept by
+request id (at most :data:`MAX_PREDICTIONS`; the oldest go first, counted in
+``num_predictions_dropped``). When its record finishes ``OK`` with a first token
+(:meth:`on_measured`), the histogram ``goodput_gateway_admission_ttft_seconds{priority,
+kind}`` gets the prediction (``kind="predicted"``) and the TTFT the gateway measured
+(``kind="observed"``): the same requests on both sides. A request that fails, is aborted or
+has no token leaves its prediction out. The prediction covers the prefill queue, the
+prefill and the KV hand-off; the measured TTFT also holds the gateway's own time.
+
 Example::
 
     rule = PolicyAdmission(tracker, clock_s=time.monotonic, registry=registry)
@@ -60,17 +70,19 @@ import math
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.admission import AdmissionPolicy, ClassPolicy, prompt_class
+from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, prompt_class
+from exporters.buckets import LATENCY_BUCKETS_S
 from exporters.records import RequestRecord, Status
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
 from serving.gateway.admission_load import LoadTracker
 
 __all__ = [
     "AVAILABILITY_WINDOW_S",
+    "MAX_PREDICTIONS",
     "MODES",
     "AdmissionFeedback",
     "ClassAvailability",
@@ -79,6 +91,8 @@ __all__ = [
 ]
 
 MODES = ("allow_all", "policy", "fallback")
+#: TTFT predictions kept for admitted requests until their record comes (oldest dropped).
+MAX_PREDICTIONS = 65_536
 _MAX_RETRY_AFTER_S = 60.0
 #: The time constant of the per-class availability counts the floor judges by.
 AVAILABILITY_WINDOW_S = 60.0
@@ -169,7 +183,19 @@ class PolicyAdmission:
         self.availability = ClassAvailability()
         self._rejections: Counter | None = None
         self._rejection_children: dict[tuple[str, str], object] = {}
+        self._ttft: Histogram | None = None
+        self._predicted: dict[str, tuple[str, float]] = {}  # request id → (class, TTFT s)
+        self.num_predictions_dropped = 0
         if registry is not None:
+            self._ttft = Histogram(
+                "goodput_gateway_admission_ttft_seconds",
+                "TTFT admission predicted for admitted requests (kind=predicted) and the TTFT "
+                "the gateway measured for the same requests (kind=observed), by priority "
+                "class (other: not in the policy).",
+                ("priority", "kind"),
+                buckets=LATENCY_BUCKETS_S,
+                registry=registry,
+            )
             self._rejections = Counter(
                 "goodput_gateway_admission_rejections",
                 "Requests refused by admission, by priority class (other: not in the policy) "
@@ -228,8 +254,27 @@ class PolicyAdmission:
                 self.num_floor_admitted += 1
         if cls >= 0:
             self.availability.admit(cls)
+        if policy is not None and policy.model is not None and self._ttft is not None:
+            self._predict(policy, policy.model, info)
         self._admitted(info.tenant)
         return ADMIT
+
+    def _predict(self, policy: AdmissionPolicy, model: AdmissionModel, info: RequestInfo) -> None:
+        """Keep an admitted request's TTFT prediction while the policy is in force."""
+        if self.clock_s() - self.applied_s > policy.ttl_s:
+            return
+        predicted = self._predicted
+        if len(predicted) >= MAX_PREDICTIONS:
+            del predicted[next(iter(predicted))]
+            self.num_predictions_dropped += 1
+        label = info.priority if info.priority in policy.classes else "other"
+        predicted[info.request_id] = (label, self._ttft_s(model, info))
+
+    def _ttft_s(self, model: AdmissionModel, info: RequestInfo) -> float:
+        """Step 1 of the module docstring: the predicted TTFT of ``info``."""
+        load = self.tracker
+        rate = model.prefill_rate(load.min_prefill_id)
+        return (load.min_prefill_tokens + info.prompt_tokens) / rate + model.kv_handoff_s
 
     def _judge(self, policy: AdmissionPolicy, info: RequestInfo, prompt_cls: int = -1) -> Decision:
         cls = policy.classes.get(info.priority)
@@ -268,8 +313,7 @@ class PolicyAdmission:
         if self._over_share(info.tenant) or self._crowds_out(policy, prompt_cls):
             factor *= policy.over_share_ratio
         load = self.tracker
-        rate = model.prefill_rate(load.min_prefill_id)
-        ttft_s = (load.min_prefill_tokens + info.prompt_tokens) / rate + model.kv_handoff_s
+        ttft_s = self._ttft_s(model, info)
         if ttft_objective is not None:
             allowed = ttft_objective * factor
             if ttft_s > allowed:
@@ -379,6 +423,17 @@ class PolicyAdmission:
             child = self._rejection_children[key] = self._rejections.labels(*key)
         child.inc()  # type: ignore[attr-defined]
 
+    def on_measured(self, record: RequestRecord) -> None:
+        """A finished record: its request's prediction, if any, against its measured TTFT."""
+        found = self._predicted.pop(record.request_id, None)
+        if found is None or self._ttft is None:
+            return
+        if record.status != Status.OK or record.emission_offsets_us.shape[0] == 0:
+            return
+        label, predicted_s = found
+        self._ttft.labels(label, "predicted").observe(predicted_s)
+        self._ttft.labels(label, "observed").observe(float(record.emission_offsets_us[0]) / 1e6)
+
     def on_finished(self, tenant: str) -> None:
         """A request this rule admitted has finished (any status but ``REJECTED``)."""
         mine = self._tenants.get(tenant, 0)
@@ -401,7 +456,8 @@ def _retry_after(wait_s: float) -> float:
 
 class AdmissionFeedback:
     """A record sink that tells the gateway's admission hook which requests finished (the
-    hook's ``on_finished(tenant)``, when it has one). Cheap, never raises."""
+    hook's ``on_finished(tenant)`` and ``on_measured(record)``, when it has them). Cheap,
+    never raises."""
 
     def __init__(self, hook: Callable[[], object]) -> None:
         self._hook = hook
@@ -409,9 +465,13 @@ class AdmissionFeedback:
     def export(self, record: RequestRecord) -> None:
         if not record.final or record.status == Status.REJECTED:
             return
-        finished = getattr(self._hook(), "on_finished", None)
+        hook = self._hook()
+        finished = getattr(hook, "on_finished", None)
         if finished is not None:
             finished(record.labels.tenant)
+        measured = getattr(hook, "on_measured", None)
+        if measured is not None:
+            measured(record)
 
     def force_flush(self, timeout_s: float = 10.0) -> bool:
         del timeout_s

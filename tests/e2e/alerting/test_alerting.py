@@ -272,6 +272,12 @@ def _declared(name: str, exported: set[str]) -> bool:
 
 def test_every_panel_query_returns_series(stack: Stack) -> None:
     stack.send("paging", 20, bad=False)
+    # The admission panels compare predictions made while a policy is in force.
+    _until(
+        lambda: stack.query('goodput_gateway_admission_mode{mode="policy"} == 1')["data"]["result"],
+        "an admission policy in force at the gateway",
+        timeout_s=90,
+    )
     outcomes = open_loop(
         stack.gateway_url,
         rate_rps=4.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,9 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SLOAdmission
 from exporters.fleet import PoolRole
+from exporters.records import Labels, RequestRecord, Status, Vantage
 from serving.gateway.admission import RequestInfo
 from serving.gateway.admission_load import LoadTracker
-from serving.gateway.admission_policy import PolicyAdmission
+from serving.gateway.admission_policy import AdmissionFeedback, PolicyAdmission
 from serving.gateway.routing import InstanceState
 
 P1, P2, D1, D2 = "http://p1", "http://p2", "http://d1", "http://d2"
@@ -235,3 +237,59 @@ def test_retry_after_grows_with_the_excess_and_is_bounded() -> None:
     r, _ = rule(tracker(prefill=(10**7, 10**7)), policy())
     decision = r.decide(info("standard"))
     assert decision.retry_after_s == 60.0 and math.isfinite(decision.predicted or 0.0)
+
+
+def finished_record(
+    request_id: str, ttft_ms: float | None, status: Status = Status.OK
+) -> RequestRecord:
+    offsets = [] if ttft_ms is None else [round(ttft_ms * 1000), round(ttft_ms * 1000) + 20_000]
+    return RequestRecord(
+        request_id=request_id,
+        vantage=Vantage.GATEWAY,
+        arrival_time_ns=1_700_000_000_000_000_000,
+        labels=Labels(model="m", tenant="t"),
+        emission_offsets_us=np.array(offsets, dtype=np.int64),
+        status=status,
+    )
+
+
+def test_predicted_and_observed_ttft_of_the_same_admitted_requests() -> None:
+    registry = CollectorRegistry()
+    clock = Clock()
+    r = PolicyAdmission(tracker(prefill=(2000, 5000)), clock_s=clock, registry=registry)
+    feedback = AdmissionFeedback(lambda: r)
+    r.decide(RequestInfo("before", "m", "t", "chat", "standard", 1000, 100, True, 0.0))
+    r.apply(policy())
+    for request_id, priority in (("a", "standard"), ("b", "unknown"), ("c", "standard")):
+        assert r.decide(RequestInfo(request_id, "m", "t", "chat", priority, 1000, 100, True, 0.0))
+    # (2000 queued + 1000) tokens at 10,000 tokens/s + 10 ms hand-off.
+    expected_s = 0.31
+    feedback.export(finished_record("before", 100.0))  # admitted before any policy: nothing
+    feedback.export(finished_record("a", 400.0))
+    feedback.export(finished_record("b", 250.0))
+    feedback.export(finished_record("c", None, Status.ERROR))  # failed: its prediction left out
+
+    def sample(suffix: str, priority: str, kind: str, **extra: str) -> float | None:
+        labels = {"priority": priority, "kind": kind, **extra}
+        return registry.get_sample_value(f"goodput_gateway_admission_ttft_seconds{suffix}", labels)
+
+    for priority, observed_s in (("standard", 0.4), ("other", 0.25)):
+        assert (
+            sample("_count", priority, "predicted") == sample("_count", priority, "observed") == 1
+        )
+        assert sample("_sum", priority, "predicted") == pytest.approx(expected_s)
+        assert sample("_sum", priority, "observed") == pytest.approx(observed_s)
+    assert r._predicted == {}  # every prediction used or dropped with its record
+
+
+def test_no_prediction_kept_in_fallback_and_at_most_max_predictions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("serving.gateway.admission_policy.MAX_PREDICTIONS", 2)
+    r, clock = rule(tracker(), policy())
+    for request_id in ("a", "b", "c"):
+        r.decide(RequestInfo(request_id, "m", "t", "chat", "standard", 10, 100, True, 0.0))
+    assert list(r._predicted) == ["b", "c"] and r.num_predictions_dropped == 1
+    clock.now += 31.0  # past the policy's TTL: fallback, no prediction
+    r.decide(RequestInfo("d", "m", "t", "chat", "standard", 10, 100, True, 0.0))
+    assert "d" not in r._predicted
