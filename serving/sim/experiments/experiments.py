@@ -148,6 +148,14 @@ class OverloadCell:
         peak = self.peak_token_goodput_tps
         return self.outcome.token_goodput_tps / peak if peak else 0.0
 
+    @property
+    def token_goodput_vs_ceiling(self) -> float:
+        """Token goodput over the lower of the peak token goodput and the offered token
+        load (no policy can serve more good tokens than it was offered)."""
+        offered = self.outcome.offered_tokens_tps
+        ceiling = min(self.peak_token_goodput_tps, offered) if offered else 0.0
+        return self.outcome.token_goodput_tps / ceiling if ceiling else 0.0
+
 
 def best_static(
     scenario: Scenario,

@@ -112,6 +112,15 @@ def token_table(cells: Sequence[OverloadCell]) -> str:
                 )
             lines.append(f"| {label} | {name} | " + " | ".join(row) + " |")
             label = ""
+        offered = []
+        for lvl in levels:
+            cell = next((c for c in cells if c.trace == trace and c.level == lvl), None)
+            if cell is None or not cell.peak_token_goodput_tps:
+                offered.append("–")
+            else:
+                tps = cell.outcome.offered_tokens_tps
+                offered.append(f"{tps / cell.peak_token_goodput_tps:.2f} ({tps:,.0f} tokens/s)")
+        lines.append("|  | *offered ÷ peak (all good)* | " + " | ".join(offered) + " |")
     return "\n".join(lines)
 
 

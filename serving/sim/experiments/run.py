@@ -110,6 +110,12 @@ class RunOutcome:
     rejected: B
     tokens: I64  # prompt + output tokens per request (output: as emitted)
     prompt_tokens: I64
+    offered_tokens: int = 0  # prompt + output tokens of every request the workload offered
+
+    @property
+    def offered_tokens_tps(self) -> float:
+        """The token goodput if every request offered were good (the ceiling)."""
+        return self.offered_tokens / self.duration_s
 
     @property
     def goodput_rps(self) -> float:
@@ -238,6 +244,8 @@ def run_policy(
     result = sim.run()
     batch = RecordBatch.concat(result.records or [])
     arrival, good, judged, rejected = _verdict_columns(batch, scenario, options.epoch_s)
+    offered = work.arrival_s < scenario.duration_s
+    offered_tokens = int(work.prompt_tokens[offered].sum() + work.output_tokens[offered].sum())
     prompt_tokens = batch.prompt_tokens.astype(np.int64)
     tokens = prompt_tokens + batch.output_tokens()
     outcome = RunOutcome(
@@ -265,5 +273,6 @@ def run_policy(
         rejected=rejected,
         tokens=tokens,
         prompt_tokens=prompt_tokens,
+        offered_tokens=offered_tokens,
     )
     return outcome

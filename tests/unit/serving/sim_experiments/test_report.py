@@ -101,6 +101,9 @@ def test_token_goodput_and_prompt_classes_are_counted_by_arrival(evaluation: Eva
     assert shedder.peak_token_goodput_tps >= max(
         c.outcome.token_goodput_tps for c in evaluation.cells if c.contender == "best static"
     )
+    plain = next(c for c in evaluation.cells if c.contender == "no control").outcome
+    assert plain.offered_tokens == int(plain.tokens[plain.arrival_s < plain.duration_s].sum())
+    assert out.offered_tokens == plain.offered_tokens  # the same workload
     counts = out.class_counts((500, 1000))
     assert [(k.low, k.high) for k in counts] == [(0, 500), (500, 1000), (1000, None)]
     assert sum(k.offered for k in counts) == out.total.offered
