@@ -50,6 +50,14 @@ class CounterRing:
             self.slots[reused] = slots[stale]
         self.rows[pos] += sums
 
+    def add_one(self, slot: int, row: I64) -> None:
+        """Add ``row`` to slot ``slot`` (within the ring): :meth:`add` for one slot."""
+        pos = slot % self.size
+        if int(self.slots[pos]) != slot:
+            self.rows[pos] = 0
+            self.slots[pos] = slot
+        self.rows[pos] += row
+
     def total(self, first: int, last: int) -> I64:
         """The column sums over slots ``first … last`` (inclusive) that the ring holds."""
         held = (self.slots >= first) & (self.slots <= last)

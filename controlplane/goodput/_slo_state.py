@@ -117,6 +117,13 @@ def _sketch_tiers(window_s: float) -> list[_Tier[SketchRing]]:
 
 def _add_to_tiers(tiers: list[_Tier[CounterRing]], seconds: I64, sums: I64, now_s: int) -> None:
     """Add per-second counter rows (``seconds`` ascending, distinct) to every tier."""
+    if seconds.shape[0] == 1:  # one finish second (a short batch, a few rejections): no grouping
+        second = int(seconds[0])
+        for tier in tiers:
+            slot = second // tier.ring.resolution_s
+            if tier.holds_slot(slot, now_s):
+                tier.ring.add_one(slot, sums[0])
+        return
     for tier in tiers:
         slots = seconds // tier.ring.resolution_s
         firsts = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
@@ -177,8 +184,11 @@ class RejectedByClass:
 
     def add(self, batch: ClassRejections, now_s: int) -> None:
         columns = [self._column(name) for name in batch.names]
-        sums = np.zeros((batch.sums.shape[0], len(self.names)), dtype=np.int64)
-        np.add.at(sums.T, columns, batch.sums.T)
+        sums = batch.sums
+        if columns != list(range(len(self.names))):
+            sums = np.zeros((batch.sums.shape[0], len(self.names)), dtype=np.int64)
+            for j, column in enumerate(columns):  # a few classes
+                sums[:, column] += batch.sums[:, j]
         _add_to_tiers(self.tiers, batch.seconds, sums, now_s)
 
     def _column(self, name: str) -> int:
@@ -491,15 +501,17 @@ def _class_rejections(view: BatchView, rows: I64) -> ClassRejections | None:
     """The rejected ``rows`` (ascending) counted per finish second and priority class."""
     if rows.shape[0] == 0:
         return None
-    column = view.labels.get("priority")
-    if column is None:
-        names, inverse = [""], np.zeros(rows.shape[0], dtype=np.int64)
-    else:
-        codes, inverse = np.unique(column.codes[rows], return_inverse=True)
-        names = [column.values[c] for c in codes.tolist()]
     sec = view.sec[rows]
-    first = np.concatenate(([True], sec[1:] != sec[:-1]))
-    group = np.cumsum(first) - 1
-    sums = np.zeros((int(group[-1]) + 1, len(names)), dtype=np.int64)
-    np.add.at(sums, (group, inverse.reshape(-1)), 1)
-    return ClassRejections(names=names, seconds=sec[first], sums=sums)
+    firsts = np.flatnonzero(np.concatenate(([True], sec[1:] != sec[:-1])))
+    column = view.labels.get("priority")
+    codes = np.zeros(rows.shape[0], dtype=np.uint32) if column is None else column.codes[rows]
+    values = [""] if column is None else column.values
+    if (codes == codes[0]).all():  # the common case: one class
+        per_second = np.diff(np.append(firsts, rows.shape[0]))
+        return ClassRejections([values[int(codes[0])]], sec[firsts], per_second[:, None])
+    present, inverse = np.unique(codes, return_inverse=True)
+    group = np.repeat(np.arange(firsts.shape[0]), np.diff(np.append(firsts, rows.shape[0])))
+    width = present.shape[0]
+    counts = np.bincount(group * width + inverse.reshape(-1), minlength=firsts.shape[0] * width)
+    names = [values[c] for c in present.tolist()]
+    return ClassRejections(names, sec[firsts], counts.reshape(-1, width).astype(np.int64))
