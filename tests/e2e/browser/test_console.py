@@ -15,7 +15,13 @@ import httpx
 from playwright.sync_api import expect
 
 from exporters.records import Vantage
-from tests.e2e.browser.conftest import ConsoleStack, axe_violations, shoot, sign_in
+from tests.e2e.browser.conftest import (
+    ARTIFACTS,
+    ConsoleStack,
+    axe_violations,
+    shoot,
+    sign_in,
+)
 
 SLO = {
     "name": "chat",
@@ -119,6 +125,7 @@ def test_every_page_renders_with_data(
                     assert latency[f"{vantage} {metric} p50"] > 0, latency
                     assert latency[f"{vantage} {metric} p99"] > 0, latency
             expect(page.locator("#lat-caption-1")).to_contain_text("engine vantage")
+            page.screenshot(path=str(ARTIFACTS / "slo-detail-full.png"), full_page=True)
     expect(page.locator("#keys tbody tr")).not_to_have_count(0)
     page.goto(f"{console_stack.cp_url}/docs")
     page.locator(".swagger-ui .info").wait_for()
