@@ -8,7 +8,8 @@ pool), the few numbers the rule reads:
 * the least-loaded eligible prefill instance and its queued prompt tokens (what routing
   will pick, least outstanding work: the tokens ahead of a new request);
 * the requests in prefill now (they join the decode pool before a new request does);
-* the decode streams running on the decode pool and its number of instances.
+* the decode streams running on the decode pool and its number of instances;
+* the number of prefill instances.
 
 Each update is O(1), except when the least-loaded prefill instance gains work: then the
 prefill instances are scanned once to find the new minimum (O(prefill instances), on the
@@ -41,6 +42,7 @@ class LoadTracker:
         "min_prefill_id",
         "min_prefill_tokens",
         "num_decode",
+        "num_prefill",
         "prefill_requests",
     )
 
@@ -50,6 +52,7 @@ class LoadTracker:
         self.prefill_requests = 0
         self.decode_streams = 0
         self.num_decode = 0
+        self.num_prefill = 0
         self.min_prefill_id: str | None = None
         self.min_prefill_tokens = 0
 
@@ -65,6 +68,7 @@ class LoadTracker:
         }
         self.decode_streams = sum(self._decode.values())
         self.num_decode = len(self._decode)
+        self.num_prefill = len(self._prefill)
         self._rescan()
 
     def add(self, instance_id: str, prefill_tokens: int = 0, decode_streams: int = 0) -> None:

@@ -28,7 +28,15 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    TTFT objective) × the SLO's burn-rate ``margin_ratio`` × the class's ``headroom_ratio``
    × ``over_share_ratio`` when the tenant holds more than its fair share of the requests
    in flight. Lower classes have less headroom, so they are refused first and the room
-   they leave serves the higher ones; a non-sheddable class is never refused;
+   they leave serves the higher ones; a non-sheddable class is never refused. **Room for
+   the never-shed traffic**: the allowed TTFT is then lessened by the prefill time of the
+   never-shed prompt tokens expected within one TTFT objective (their arrival rate, prompt
+   tokens per second over the last ``RESERVE_WINDOW_S`` (:class:`TokenRate`), × the
+   objective, spread over the prefill instances, ÷ the prefill rate). A never-shed request
+   queues behind what the sheddable classes left in the queue; without this room they
+   would fill it up to the objective and every never-shed request arriving then would
+   miss it (measured on vLLM: docs/admission.md, "Live on vLLM"). Without never-shed
+   traffic the room is 0;
 4. a prediction above its allowed value (or a decode batch above ``max_decode_batch`` ×
    the same factors) rejects the request: ``429``, ``Retry-After``, a body naming the SLO,
    the objective, the predicted and the allowed latency;
@@ -84,9 +92,11 @@ __all__ = [
     "AVAILABILITY_WINDOW_S",
     "MAX_PREDICTIONS",
     "MODES",
+    "RESERVE_WINDOW_S",
     "AdmissionFeedback",
     "ClassAvailability",
     "PolicyAdmission",
+    "TokenRate",
     "below_floor",
 ]
 
@@ -96,6 +106,48 @@ MAX_PREDICTIONS = 65_536
 _MAX_RETRY_AFTER_S = 60.0
 #: The time constant of the per-class availability counts the floor judges by.
 AVAILABILITY_WINDOW_S = 60.0
+#: The time constant of the never-shed classes' arrival rate (the room kept for them).
+RESERVE_WINDOW_S = 10.0
+
+
+class TokenRate:
+    """Tokens per second arriving, over an exponentially decaying window.
+
+    ``add(tokens, now_s)`` counts an arrival; ``rate(now_s)`` is the decayed token count
+    ÷ the decayed time observed, ``window_s·(1 − exp(−T/window_s))`` for ``T`` seconds
+    since the first arrival (at least ``window_s / 10``, so one arrival is not an infinite
+    rate): a steady stream of ``λ`` tokens/s reads ``λ`` from the start, not only after a
+    window (tested). Non-negative; it decays toward 0 once arrivals stop. O(1).
+    """
+
+    __slots__ = ("_at_s", "_start_s", "_sum", "window_s")
+
+    def __init__(self, window_s: float = RESERVE_WINDOW_S) -> None:
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be a finite number > 0, got {window_s!r}")
+        self.window_s = window_s
+        self._sum = 0.0
+        self._at_s: float | None = None  # when _sum was last decayed
+        self._start_s = 0.0  # the first arrival
+
+    def add(self, tokens: float, now_s: float) -> None:
+        if self._at_s is None:
+            self._at_s = self._start_s = now_s
+        elif now_s > self._at_s:
+            self._sum *= math.exp(-(now_s - self._at_s) / self.window_s)
+            self._at_s = now_s
+        self._sum += max(0.0, tokens)
+
+    def rate(self, now_s: float) -> float:
+        """Tokens per second (0 before any arrival)."""
+        at = self._at_s
+        if at is None:
+            return 0.0
+        now_s = max(now_s, at)
+        window = self.window_s
+        decayed = self._sum * math.exp(-(now_s - at) / window)
+        span = window * -math.expm1(-(now_s - self._start_s) / window)
+        return decayed / max(span, window / 10.0)
 
 
 class ClassAvailability:
@@ -181,6 +233,7 @@ class PolicyAdmission:
         self.num_rejected = 0
         self.num_floor_admitted = 0  # refusals the availability floor overturned
         self.availability = ClassAvailability()
+        self.never_shed = TokenRate()  # prompt tokens/s of the classes never shed
         self._rejections: Counter | None = None
         self._rejection_children: dict[tuple[str, str], object] = {}
         self._ttft: Histogram | None = None
@@ -242,6 +295,9 @@ class PolicyAdmission:
             cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
             self.availability.offer(cls, self.clock_s())
         if policy is not None:
+            rules = policy.classes.get(info.priority)
+            if rules is not None and not rules.sheddable:
+                self.never_shed.add(info.prompt_tokens, self.clock_s())
             decision = self._judge(policy, info, cls)
             if not decision.admit:
                 if (
@@ -315,7 +371,8 @@ class PolicyAdmission:
         load = self.tracker
         ttft_s = self._ttft_s(model, info)
         if ttft_objective is not None:
-            allowed = ttft_objective * factor
+            reserve_s = self._reserve_s(model, ttft_objective)
+            allowed = max(0.0, ttft_objective * factor - reserve_s)
             if ttft_s > allowed:
                 return self._reject(
                     info,
@@ -326,6 +383,7 @@ class PolicyAdmission:
                     objective_s=ttft_objective,
                     factor=factor,
                     wait_s=ttft_s - allowed,
+                    reserve_s=reserve_s,
                 )
         num_decode = load.num_decode or 1
         running_then = load.decode_streams * math.exp(-ttft_s / model.mean_decode_s)
@@ -361,6 +419,16 @@ class PolicyAdmission:
                 )
         return ADMIT
 
+    def _reserve_s(self, model: AdmissionModel, ttft_objective_s: float) -> float:
+        """The room kept for never-shed traffic (step 3 of the module docstring): the
+        prefill time of the never-shed prompt tokens expected within one TTFT objective,
+        spread over the prefill instances."""
+        tokens = self.never_shed.rate(self.clock_s()) * ttft_objective_s
+        if tokens <= 0:
+            return 0.0
+        load = self.tracker
+        return tokens / max(1, load.num_prefill) / model.prefill_rate(load.min_prefill_id)
+
     def _reject(
         self,
         info: RequestInfo,
@@ -372,13 +440,15 @@ class PolicyAdmission:
         objective_s: float,
         factor: float,
         wait_s: float,
+        reserve_s: float = 0.0,
     ) -> Decision:
         name = "TTFT" if objective == "ttft" else "ITL"
+        room = f" - {reserve_s:.3f} s kept for never-shed traffic" if reserve_s > 0 else ""
         return Decision(
             False,
             f"slo {info.slo!r}: predicted {name} {predicted_s:.3f} s > allowed "
-            f"{allowed_s:.3f} s ({objective_s:g} s objective x {factor:.2f} margin; priority "
-            f"{info.priority!r}, tenant {info.tenant!r}, policy v{policy.version})",
+            f"{allowed_s:.3f} s ({objective_s:g} s objective x {factor:.2f} margin{room}; "
+            f"priority {info.priority!r}, tenant {info.tenant!r}, policy v{policy.version})",
             _retry_after(wait_s),
             info.slo,
             objective,

@@ -24,7 +24,8 @@ clock, with the policy the control plane would push, computed by the control pla
   them; the floor is the config's (``AdmissionConfig.availability_floor``).
 
 The simulator's requests have no priority class, so they all get the default class (full
-headroom). ``plan`` never moves an instance: combine it with a planner
+headroom), and the rule keeps no room for never-shed traffic (there is none). ``plan``
+never moves an instance: combine it with a planner
 (``serving.sim.experiments.contenders.Combined``).
 
 Example::
