@@ -1,9 +1,10 @@
 """Live loops on real vLLM (issue 13): under overload, admission sheds sheddable traffic with
 429s naming the SLO, never critical traffic, and the admitted requests keep the SLO that the
 same load without control misses; the gateway's metrics, the API's ``rejected`` and the
-availability agree with what the client saw. The admitted attainment has stayed below the
-target on this machine so far: the test then ends as an expected failure naming the
-figures, after every other assertion held (docs/admission.md, "Live on vLLM").
+availability agree with what the client saw. The admitted attainment has not met the
+target reliably on this machine (0.82-0.93 in the last runs): the test then ends as an
+expected failure naming the figures, after every other assertion held (docs/admission.md,
+"Live on vLLM").
 
 The session's control plane (PostgreSQL, admission every second) and its two vLLM workers
 (prefill on core 0, decode on core 1) behind two gateways: ``gw-control`` registers and
@@ -117,6 +118,9 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
         gateway_shed = {p: metric_sum(metrics, name, priority=p) for p in MIX}
         assert gateway_shed == {p: float(n) for p, n in shed_by.items()}, gateway_shed
         n_ok = sum(o.status == 200 for o in control)
+        served = {p: [o for o in control if o.status == 200 and o.priority == p] for p in MIX}
+        within = {p: f"{sum((o.ttft_s or 0.0) <= ttft_slo for o in v)}/{len(v)}"
+                  for p, v in served.items()}  # fmt: skip
         stats = _settled(control_plane, "live-control", n_ok, len(shed))
         base = _settled(control_plane, "live-open", len(nocontrol), 0)
         report = (
@@ -126,7 +130,8 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
             f"{base['attainment_ratio']:.3f}; control: {len(control)} sent, shed {shed_by} "
             f"of {sent}, admitted {stats['admitted']}, attainment "
             f"{stats['attainment_ratio']:.3f}, availability {stats['availability_ratio']:.3f}, "
-            f"good {stats['good']} ({stats['good'] / CONTROL_S:.2f} req/s)"
+            f"good {stats['good']} ({stats['good'] / CONTROL_S:.2f} req/s); within the SLO "
+            f"by class (client's TTFT) {within}"
         )
         print(report)
         # The load was at least twice what the pair serves within the SLO.
@@ -140,6 +145,9 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
         assert stats["attainment_ratio"] > base["attainment_ratio"], report
         assert stats["good"] / CONTROL_S > base["good"] / NOCONTROL_S, report
         if stats["attainment_ratio"] < TARGET:
-            # Known gap (docs/admission.md, "Live on vLLM"): on this machine the admitted
-            # requests have kept 70 % against the 90 % target; every assertion above holds.
+            # Known gap (docs/admission.md, "Live on vLLM"): with room kept for the
+            # never-shed traffic the admitted requests kept 0.82-0.93 against the 0.9 target
+            # in four runs; the misses are mostly critical requests (never shed) in the
+            # seeded workload's bursts (7 critical arrivals within 0.45 s, more prefill than
+            # the objective) and the KV hand-off's tail. Every assertion above holds.
             pytest.xfail(f"admitted attainment below the target: {report}")
