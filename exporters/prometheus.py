@@ -84,6 +84,39 @@ _HISTOGRAMS: tuple[tuple[str, str], ...] = (
 _STATUSES: tuple[Status, ...] = (Status.OK, Status.ERROR, Status.ABORTED, Status.REJECTED)
 
 
+class LabelSets:
+    """Label-value tuples → dense group indices, at most ``max_sets`` of them: past that, a
+    new tuple is counted under :data:`OVERFLOW_LABEL` in every position but ``bounded`` (a
+    label whose values an enum bounds, kept as it is). The hot path is the caller's
+    ``index.get(key)``; :meth:`add` is the miss."""
+
+    __slots__ = ("bounded", "index", "max_sets", "num_overflow_records")
+
+    def __init__(self, max_sets: int, *, bounded: int) -> None:
+        if max_sets < 1:
+            raise ValueError(f"max_label_sets must be >= 1, got {max_sets}")
+        self.max_sets = max_sets
+        self.bounded = bounded
+        self.index: dict[tuple[str, ...], int] = {}
+        self.num_overflow_records = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, key: tuple[str, ...]) -> int:
+        """The group of a tuple not in :attr:`index` yet (a new one, or the overflow's)."""
+        if len(self.index) >= self.max_sets:
+            self.num_overflow_records += 1
+            key = tuple(v if k == self.bounded else OVERFLOW_LABEL for k, v in enumerate(key))
+        return self.index.setdefault(key, len(self.index))
+
+
+def _bucket_layout(buckets: Sequence[float]) -> tuple[tuple[float, ...], F64, list[str]]:
+    """Validated bucket bounds, as an array, and as ``le`` label values with ``+Inf``."""
+    checked = validate_buckets(list(buckets))
+    return checked, np.asarray(checked, dtype=np.float64), [*map(_go_float, checked), "+Inf"]
+
+
 class PrometheusExporter(FoldingSink, Collector):
     """Latency histograms and request/token counters of the records it receives.
 
@@ -102,20 +135,16 @@ class PrometheusExporter(FoldingSink, Collector):
         max_label_sets: int = 1000,
         fold_every: int = 1024,
     ) -> None:
-        if max_label_sets < 1:
-            raise ValueError(f"max_label_sets must be >= 1, got {max_label_sets}")
-        self.buckets = validate_buckets(list(buckets))
-        self._bounds: F64 = np.asarray(self.buckets, dtype=np.float64)
-        self._le = [*(_go_float(b) for b in self.buckets), "+Inf"]
+        # Vantage (position 1) is bounded by the enum; the other labels fold into one value.
+        self._sets = LabelSets(max_label_sets, bounded=1)
+        self.buckets, self._bounds, self._le = _bucket_layout(buckets)
         self.slo_label = slo_label
         self.label_names = ("model", "vantage", "slo") if slo_label else ("model", "vantage")
         self.max_label_sets = max_label_sets
-        self.num_overflow_records = 0
         # Its lock guards everything below.
         self._folder = RecordFolder(
             self._add, destination="Prometheus metrics", logger=logger, fold_every=fold_every
         )
-        self._groups: dict[tuple[str, ...], int] = {}
         width = len(self.buckets) + 1
         self._counts = [np.zeros((0, width), dtype=np.int64) for _ in _HISTOGRAMS]
         self._sums = [np.zeros(0, dtype=np.float64) for _ in _HISTOGRAMS]
@@ -123,6 +152,11 @@ class PrometheusExporter(FoldingSink, Collector):
         self._output_tokens = np.zeros(0, dtype=np.int64)
         self._prompt_tokens = np.zeros(0, dtype=np.int64)
         registry.register(self)
+
+    @property
+    def num_overflow_records(self) -> int:
+        """Records counted under the overflow label set (past ``max_label_sets``)."""
+        return self._sets.num_overflow_records
 
     # -- Collector --
 
@@ -138,7 +172,7 @@ class PrometheusExporter(FoldingSink, Collector):
         yield from families
 
     def _families(self) -> list[Metric]:
-        keys = list(self._groups)
+        keys = list(self._sets.index)
         families: list[Metric] = []
         for (name, doc), counts, sums in zip(_HISTOGRAMS, self._counts, self._sums, strict=True):
             histogram = HistogramMetricFamily(name, doc, labels=self.label_names)
@@ -177,7 +211,7 @@ class PrometheusExporter(FoldingSink, Collector):
 
     def _add(self, batch: RecordBatch) -> None:
         groups = self._group_rows(batch)
-        num_groups = len(self._groups)
+        num_groups = len(self._sets)
         self._grow(num_groups)
         lat = request_latencies(batch, validate=False)
         ok = batch.status == Status.OK
@@ -208,19 +242,14 @@ class PrometheusExporter(FoldingSink, Collector):
         models = batch.labels["model"].decode()
         slos = batch.labels["slo"].decode() if self.slo_label else None
         vantages = [Vantage(v).name.lower() for v in range(len(Vantage))]
+        index = self._sets.index
         out = np.empty(len(batch), dtype=np.int64)
         for i, vantage in enumerate(batch.vantage.tolist()):
             key: tuple[str, ...] = (models[i], vantages[vantage])
             if slos is not None:
                 key = (*key, slos[i])
-            g = self._groups.get(key)
-            if g is None:
-                if len(self._groups) >= self.max_label_sets:
-                    # Vantage is bounded by the enum; everything else folds into one value.
-                    self.num_overflow_records += 1
-                    key = tuple(v if k == 1 else OVERFLOW_LABEL for k, v in enumerate(key))
-                g = self._groups.setdefault(key, len(self._groups))
-            out[i] = g
+            g = index.get(key)
+            out[i] = g if g is not None else self._sets.add(key)
         return out
 
     def _grow(self, num_groups: int) -> None:
@@ -266,21 +295,21 @@ class KVTransferExporter(FoldingSink, Collector):
         max_label_sets: int = 100,
         fold_every: int = 1024,
     ) -> None:
-        if max_label_sets < 1:
-            raise ValueError(f"max_label_sets must be >= 1, got {max_label_sets}")
-        self.buckets = validate_buckets(list(buckets))
-        self._bounds: F64 = np.asarray(self.buckets, dtype=np.float64)
-        self._le = [*(_go_float(b) for b in self.buckets), "+Inf"]
+        self._sets = LabelSets(max_label_sets, bounded=1)  # (model, vantage), as above
+        self.buckets, self._bounds, self._le = _bucket_layout(buckets)
         self.max_label_sets = max_label_sets
-        self.num_overflow_records = 0
         self._folder = RecordFolder(
             self._add, destination="KV transfer metrics", logger=logger, fold_every=fold_every
         )
-        self._groups: dict[tuple[str, str], int] = {}
         self._bytes = np.zeros(0, dtype=np.int64)
         self._counts = np.zeros((0, len(self.buckets) + 1), dtype=np.int64)
         self._sums = np.zeros(0, dtype=np.float64)
         registry.register(self)
+
+    @property
+    def num_overflow_records(self) -> int:
+        """Records counted under the overflow label set (past ``max_label_sets``)."""
+        return self._sets.num_overflow_records
 
     def describe(self) -> Iterator[Metric]:
         return iter(self._empty())
@@ -290,7 +319,7 @@ class KVTransferExporter(FoldingSink, Collector):
         with self._folder.lock:
             total, seconds = self._empty()
             cumulative = np.cumsum(self._counts, axis=1).tolist()
-            for g, key in enumerate(self._groups):
+            for g, key in enumerate(self._sets.index):
                 total.add_metric(list(key), int(self._bytes[g]))
                 seconds.add_metric(
                     list(key),
@@ -323,22 +352,18 @@ class KVTransferExporter(FoldingSink, Collector):
             return
         models = batch.labels["model"].decode()
         vantages = batch.vantage.tolist()
+        index = self._sets.index
         groups = np.empty(rows.shape[0], dtype=np.int64)
         for j, i in enumerate(rows.tolist()):
             key = (models[i], Vantage(vantages[i]).name.lower())
-            g = self._groups.get(key)
-            if g is None:
-                if len(self._groups) >= self.max_label_sets:
-                    self.num_overflow_records += 1
-                    key = (OVERFLOW_LABEL, key[1])
-                g = self._groups.setdefault(key, len(self._groups))
-            groups[j] = g
-        extra = len(self._groups) - self._bytes.shape[0]
+            g = index.get(key)
+            groups[j] = g if g is not None else self._sets.add(key)
+        extra = len(self._sets) - self._bytes.shape[0]
         if extra:
             self._bytes = np.pad(self._bytes, (0, extra))
             self._counts = np.pad(self._counts, ((0, extra), (0, 0)))
             self._sums = np.pad(self._sums, (0, extra))
-        num_groups = len(self._groups)
+        num_groups = len(self._sets)
         self._bytes += _sum_by_group(batch.kv_bytes[rows], groups, num_groups)
         keep = timed[rows]
         if keep.any():
