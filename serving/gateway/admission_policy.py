@@ -201,6 +201,13 @@ class ClassAvailability:
             self.admitted.get(cls, 0.0), self.offered.get(cls, 0.0), floor * self.overall()
         )
 
+    def starved_classes(self, floor: float) -> set[int]:
+        """Every class :meth:`starved` names (the overall availability read once)."""
+        if floor <= 0:
+            return set()
+        ratio = floor * self.overall()
+        return {c for c, n in self.offered.items() if below_floor(self.admitted[c], n, ratio)}
+
 
 def below_floor(admitted: float, offered: float, floor_ratio: float) -> bool:
     """Whether ``admitted ÷ offered`` is below ``floor_ratio`` (never, with nothing
@@ -288,17 +295,22 @@ class PolicyAdmission:
 
     def decide(self, info: RequestInfo) -> Decision:
         """Admit or reject ``info`` (see the module docstring). Admitted requests count in
-        flight until :meth:`on_finished` sees their record."""
+        flight until :meth:`on_finished` sees their record. One clock read and one TTFT
+        prediction per request."""
         policy = self.policy
         cls = -1
-        if policy is not None and policy.prompt_class_bounds and policy.availability_floor > 0:
-            cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
-            self.availability.offer(cls, self.clock_s())
         if policy is not None:
+            now_s = self.clock_s()
+            if policy.prompt_class_bounds and policy.availability_floor > 0:
+                cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
+                self.availability.offer(cls, now_s)
             rules = policy.classes.get(info.priority)
             if rules is not None and not rules.sheddable:
-                self.never_shed.add(info.prompt_tokens, self.clock_s())
-            decision = self._judge(policy, info, cls)
+                self.never_shed.add(info.prompt_tokens, now_s)
+            in_force = now_s - self.applied_s <= policy.ttl_s
+            model = policy.model if in_force else None
+            ttft_s = None if model is None else self._ttft_s(model, info)
+            decision = self._judge(policy, info, now_s, ttft_s, cls)
             if not decision.admit:
                 if (
                     cls < 0
@@ -308,23 +320,21 @@ class PolicyAdmission:
                     self._rejected(policy, info.priority, decision.objective)
                     return decision
                 self.num_floor_admitted += 1
+            if ttft_s is not None and self._ttft is not None:
+                self._keep_prediction(policy, info, ttft_s)
         if cls >= 0:
             self.availability.admit(cls)
-        if policy is not None and policy.model is not None and self._ttft is not None:
-            self._predict(policy, policy.model, info)
         self._admitted(info.tenant)
         return ADMIT
 
-    def _predict(self, policy: AdmissionPolicy, model: AdmissionModel, info: RequestInfo) -> None:
-        """Keep an admitted request's TTFT prediction while the policy is in force."""
-        if self.clock_s() - self.applied_s > policy.ttl_s:
-            return
+    def _keep_prediction(self, policy: AdmissionPolicy, info: RequestInfo, ttft_s: float) -> None:
+        """Keep an admitted request's TTFT prediction until its record comes."""
         predicted = self._predicted
         if len(predicted) >= MAX_PREDICTIONS:
             del predicted[next(iter(predicted))]
             self.num_predictions_dropped += 1
         label = info.priority if info.priority in policy.classes else "other"
-        predicted[info.request_id] = (label, self._ttft_s(model, info))
+        predicted[info.request_id] = (label, ttft_s)
 
     def _ttft_s(self, model: AdmissionModel, info: RequestInfo) -> float:
         """Step 1 of the module docstring: the predicted TTFT of ``info``."""
@@ -332,11 +342,20 @@ class PolicyAdmission:
         rate = model.prefill_rate(load.min_prefill_id)
         return (load.min_prefill_tokens + info.prompt_tokens) / rate + model.kv_handoff_s
 
-    def _judge(self, policy: AdmissionPolicy, info: RequestInfo, prompt_cls: int = -1) -> Decision:
+    def _judge(
+        self,
+        policy: AdmissionPolicy,
+        info: RequestInfo,
+        now_s: float,
+        ttft_s: float | None,
+        prompt_cls: int,
+    ) -> Decision:
+        """Steps 1-4 of the module docstring; ``ttft_s`` is step 1's prediction (``None``
+        without a model in force)."""
         cls = policy.classes.get(info.priority)
         if cls is not None and not cls.sheddable:
             return ADMIT
-        age_s = self.clock_s() - self.applied_s
+        age_s = now_s - self.applied_s
         if age_s > policy.ttl_s:
             cap = policy.fallback_max_concurrency
             if self.in_flight < cap:
@@ -353,7 +372,7 @@ class PolicyAdmission:
                 float(cap),
             )
         model = policy.model
-        if model is None:
+        if model is None or ttft_s is None:
             return ADMIT
         if cls is None:
             cls = _DEFAULT_CLASS
@@ -369,9 +388,8 @@ class PolicyAdmission:
         if self._over_share(info.tenant) or self._crowds_out(policy, prompt_cls):
             factor *= policy.over_share_ratio
         load = self.tracker
-        ttft_s = self._ttft_s(model, info)
         if ttft_objective is not None:
-            reserve_s = self._reserve_s(model, ttft_objective)
+            reserve_s = self._reserve_s(model, ttft_objective, now_s)
             allowed = max(0.0, ttft_objective * factor - reserve_s)
             if ttft_s > allowed:
                 return self._reject(
@@ -419,11 +437,11 @@ class PolicyAdmission:
                 )
         return ADMIT
 
-    def _reserve_s(self, model: AdmissionModel, ttft_objective_s: float) -> float:
+    def _reserve_s(self, model: AdmissionModel, ttft_objective_s: float, now_s: float) -> float:
         """The room kept for never-shed traffic (step 3 of the module docstring): the
         prefill time of the never-shed prompt tokens expected within one TTFT objective,
         spread over the prefill instances."""
-        tokens = self.never_shed.rate(self.clock_s()) * ttft_objective_s
+        tokens = self.never_shed.rate(now_s) * ttft_objective_s
         if tokens <= 0:
             return 0.0
         load = self.tracker
@@ -461,11 +479,9 @@ class PolicyAdmission:
         latency then shrinks by ``over_share_ratio``, which leaves the starved class room."""
         if prompt_cls < 0:
             return False
-        floor = policy.availability_floor
         avail = self.availability
-        return not avail.starved(prompt_cls, floor) and any(
-            avail.starved(other, floor) for other in avail.offered if other != prompt_cls
-        )
+        starved = avail.starved_classes(policy.availability_floor)
+        return bool(starved) and prompt_cls not in starved
 
     def _over_share(self, tenant: str) -> bool:
         """Whether one more request would put ``tenant`` above its fair share of the

@@ -123,7 +123,8 @@ def test_never_shed_traffic_lessens_the_allowed_ttft_by_its_prefill_time() -> No
     for _ in range(int(2 * RESERVE_WINDOW_S)):
         clock.now += 0.5
         assert rule.decide(req("critical")).admit  # never shed
-    assert rule._reserve_s(MODEL, 1.0) == pytest.approx(0.2, rel=0.1)  # within one arrival
+    # Within one arrival:
+    assert rule._reserve_s(MODEL, 1.0, clock.now) == pytest.approx(0.2, rel=0.1)
     assert rule.decide(req("standard")).admit  # TTFT (5000 + 1000) / 10k + 0.01 = 0.61 s
     tighter = rule.decide(req("sheddable"))
     assert not tighter.admit
@@ -138,8 +139,9 @@ def test_the_room_spreads_over_the_prefill_instances() -> None:
         for rule, clock in ((one, clock1), (two, clock2)):
             clock.now += 0.25
             rule.decide(req("critical", prompt=2_000))
-    assert one._reserve_s(MODEL, 1.0) == pytest.approx(0.8, rel=0.05)  # 8k tokens/s x 1 s
-    assert one._reserve_s(MODEL, 1.0) == pytest.approx(2 * two._reserve_s(MODEL, 1.0))
+    kept_one = one._reserve_s(MODEL, 1.0, clock1.now)
+    assert kept_one == pytest.approx(0.8, rel=0.05)  # 8k tokens/s x 1 s
+    assert kept_one == pytest.approx(2 * two._reserve_s(MODEL, 1.0, clock2.now))
 
 
 def test_without_never_shed_traffic_nothing_changes() -> None:
@@ -147,7 +149,7 @@ def test_without_never_shed_traffic_nothing_changes() -> None:
     for _ in range(50):
         clock.now += 0.1
         rule.decide(req("standard", prompt=100))
-    assert rule._reserve_s(MODEL, 1.0) == 0.0
+    assert rule._reserve_s(MODEL, 1.0, clock.now) == 0.0
     assert rule.decide(req("sheddable")).admit  # 0.41 s <= 0.6 s
 
 
