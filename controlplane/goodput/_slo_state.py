@@ -38,7 +38,7 @@ import numpy.typing as npt
 from controlplane.goodput import _summarize as col
 from controlplane.goodput._batch import METRICS, BatchView
 from controlplane.goodput._blob import decode_sketch_blob, encode_sketch_blob
-from controlplane.goodput._rings import CounterRing, SketchRing
+from controlplane.goodput._rings import NUM_BUCKETS, CounterRing, SketchRing
 from controlplane.goodput._sketch_adds import NUM_PROM, SketchAdds
 from controlplane.goodput.spec import SLOSpec
 from controlplane.goodput.stats import LatencyHistogram, MinuteRollup, SLOTotals
@@ -246,8 +246,9 @@ class SLOState:
         self.counters = _counter_tiers(spec.window_s, width)
         self.sketches = _sketch_tiers(spec.window_s)
         # Latencies of the OK requests the selector matches at the other vantage (not
-        # judged, not persisted): percentiles per vantage beside the SLO's own.
-        self.other_sketches = _sketch_tiers(spec.window_s)
+        # judged, not persisted): percentiles per vantage beside the SLO's own. Made on the
+        # first such request: an SLO whose traffic is seen at one vantage holds none.
+        self.other_sketches: list[_Tier[SketchRing]] | None = None
         self.rejected_by_class: RejectedByClass | None = None
         # Lifetime totals for Prometheus counters and histograms (never decrease).
         self.totals: dict[str, int] = dict.fromkeys(("good", "bad", "rejected", "aborted"), 0)
@@ -275,11 +276,13 @@ class SLOState:
             self.keys = keys
         if spec.vantage != self.spec.vantage:
             # The other vantage's latencies become the SLO's own, and the other way round.
-            self.sketches, self.other_sketches = self.other_sketches, self.sketches
+            other = self.other_sketches or _sketch_tiers(spec.window_s)
+            self.sketches, self.other_sketches = other, self.sketches
         if spec.window_s != self.spec.window_s:
             self.counters[2].resize(_hours_kept(spec.window_s))
             self.sketches[3].resize(_days_kept(spec.window_s))
-            self.other_sketches[3].resize(_days_kept(spec.window_s))
+            if self.other_sketches is not None:
+                self.other_sketches[3].resize(_days_kept(spec.window_s))
             if self.rejected_by_class is not None:
                 self.rejected_by_class.resize(spec.window_s)
         self.spec = spec
@@ -337,8 +340,11 @@ class SLOState:
 
     def apply_other_vantage(self, view: BatchView, adds: SketchAdds | None) -> None:
         """Add the sketch spans of the rows the selector matches at the other vantage."""
-        if adds is not None:
-            _add_spans(self.other_sketches, adds, view.now_s)
+        if adds is None:
+            return
+        if self.other_sketches is None:
+            self.other_sketches = _sketch_tiers(self.spec.window_s)
+        _add_spans(self.other_sketches, adds, view.now_s)
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
@@ -392,7 +398,10 @@ class SLOState:
     def window_sketches(self, window_s: float, now: float, *, other: bool = False) -> I64:
         """Sketch sums over the slots that cover ``[now − W, now]`` (``other``: those of
         the other vantage)."""
-        return _sketch_window(self.other_sketches if other else self.sketches, window_s, now)
+        tiers = self.other_sketches if other else self.sketches
+        if tiers is None:  # nothing seen at the other vantage yet
+            return np.zeros((len(METRICS), NUM_BUCKETS), dtype=np.int64)
+        return _sketch_window(tiers, window_s, now)
 
     @property
     def max_window_s(self) -> float:
@@ -492,7 +501,7 @@ class SLOState:
     @property
     def nbytes(self) -> int:
         counters = sum(t.ring.nbytes for t in self.counters)
-        sketches = sum(t.ring.nbytes for t in (*self.sketches, *self.other_sketches))
+        sketches = sum(t.ring.nbytes for t in (*self.sketches, *(self.other_sketches or ())))
         classes = 0 if self.rejected_by_class is None else self.rejected_by_class.nbytes
         return int(counters + sketches + classes + self.histogram_counts.nbytes)
 
