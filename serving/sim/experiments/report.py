@@ -37,8 +37,7 @@ def overload_table(
     """Per trace, per contender: goodput ÷ peak at each level (attainment, rejected)."""
     levels = sorted({c.level for c in cells})
     lines = [
-        "| trace | contender | " + " | ".join(f"{lvl:g}× knee" for lvl in levels) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
+        *_level_header("trace", levels, ""),
     ]
     for trace, cap in caps.items():
         names = list(dict.fromkeys(c.contender for c in cells if c.trace == trace))
@@ -48,14 +47,7 @@ def overload_table(
         for name in names:
             row = []
             for lvl in levels:
-                cell = next(
-                    (
-                        c
-                        for c in cells
-                        if c.trace == trace and c.level == lvl and c.contender == name
-                    ),
-                    None,
-                )
+                cell = _cell(cells, trace, lvl, name)
                 if cell is None:
                     row.append("–")
                     continue
@@ -79,6 +71,14 @@ def overload_table(
     return "\n".join(lines)
 
 
+def _level_header(first: str, levels: Sequence[float], what: str) -> list[str]:
+    """The header and rule of a table with one column per overload level."""
+    return [
+        f"| {first} | contender | " + " | ".join(f"{lvl:g}× knee{what}" for lvl in levels) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
+    ]
+
+
 def _cell(
     cells: Sequence[OverloadCell], trace: str, level: float, name: str
 ) -> OverloadCell | None:
@@ -92,12 +92,7 @@ def token_table(cells: Sequence[OverloadCell]) -> str:
     """Per trace, per contender: token goodput ÷ the peak token goodput at each level,
     beside request goodput ÷ the peak goodput (the overload table's figure)."""
     levels = sorted({c.level for c in cells})
-    lines = [
-        "| trace | contender | "
-        + " | ".join(f"{lvl:g}× knee: tokens (requests)" for lvl in levels)
-        + " |",
-        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
-    ]
+    lines = _level_header("trace", levels, ": tokens (requests)")
     for trace in dict.fromkeys(c.trace for c in cells):
         first = next(c for c in cells if c.trace == trace)
         label = f"{trace} (peak {first.peak_token_goodput_tps:,.0f} good tokens/s)"
@@ -136,12 +131,9 @@ def class_table(cells: Sequence[OverloadCell], bounds: Mapping[str, tuple[int, .
     """Per trace, per contender that rejects anything, per level: availability per
     prompt-length class (the trace's quartiles) and each class's share of the rejections."""
     levels = sorted({c.level for c in cells})
-    lines = [
-        "| trace (prompt classes, tokens) | contender | "
-        + " | ".join(f"{lvl:g}× knee: availability (share of rejections)" for lvl in levels)
-        + " |",
-        "| --- | --- | " + " | ".join("---" for _ in levels) + " |",
-    ]
+    lines = _level_header(
+        "trace (prompt classes, tokens)", levels, ": availability (share of rejections)"
+    )
     for trace in dict.fromkeys(c.trace for c in cells):
         label = f"{trace} ({_bounds_label(bounds[trace])})"
         for name in dict.fromkeys(c.contender for c in cells if c.trace == trace):
