@@ -13,8 +13,8 @@ replica took over. So every loop transaction begins with :meth:`Leadership.fence
 the lease row ``FOR UPDATE`` and raises :class:`DeposedError` unless this replica still holds
 the epoch it acquired. On PostgreSQL the row lock orders the fence against the takeover
 (the taker's write waits for the tick's commit, or the tick's fence sees the new epoch), so
-a deposed leader's late writes are refused, never interleaved. SQLite is one process: the
-lease there only keeps two processes on one file from both running the loops.
+a deposed leader's late writes are refused, never interleaved. Replicas need PostgreSQL:
+on SQLite (one process, the embedded default) the app runs its loops without a lease.
 
 **Liveness** needs the replicas' clocks within a fraction of ``ttl_s`` of each other (NTP);
 safety does not (the fence compares epochs, not times). A leader that stops cleanly
@@ -268,10 +268,16 @@ class LeadershipCollector(Collector):
 async def leadership_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """``app.state.leadership``: the replica's lease on the loops, renewed while the app
     runs (the first renewal before the loops start, so that a lone replica leads from its
-    first tick) and released when it stops; ``None`` when no loop is enabled."""
+    first tick) and released when it stops; ``None`` when no loop is enabled or the
+    database is SQLite."""
     settings = app.state.settings
-    if not (settings.planner_enabled or settings.admission_enabled):
-        app.state.leadership = None  # no loop to lead
+    loops = settings.planner_enabled or settings.admission_enabled
+    if not loops or settings.database_url.startswith("sqlite"):
+        # No loop to lead, or SQLite: one process, whose loops always run. A lease renewed
+        # every few seconds there would be one more writer, and a read-then-write
+        # transaction in WAL mode fails at once ("database is locked") when another
+        # writer committed since its read.
+        app.state.leadership = None
         yield
         return
     leadership = Leadership(

@@ -14,7 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db import create_engine_for, session_factory
 from controlplane.leadership import DeposedError, Leadership
+from controlplane.main import create_app
 from controlplane.models import LeaderLease
+from controlplane.settings import Settings
 from migrations import upgrade
 
 pytestmark = pytest.mark.integration
@@ -129,3 +131,20 @@ async def test_a_database_error_means_not_leading() -> None:
     leadership = Leadership(broken, replica_id="a")
     assert not await leadership.renew()
     assert not leadership.is_leader() and leadership.num_renew_failures == 1
+
+
+async def test_an_app_on_sqlite_runs_its_loops_without_a_lease(sqlite_url: str) -> None:
+    app = create_app(Settings(database_url=sqlite_url))
+    async with app.router.lifespan_context(app):
+        assert app.state.leadership is None
+        assert app.state.planner.leadership is None  # it ticks: no lease to wait for
+        async with app.state.sessions() as session:
+            assert await session.scalar(sa.select(sa.func.count()).select_from(LeaderLease)) == 0
+
+
+async def test_an_app_on_postgresql_leads_through_the_lease(postgresql_url: str) -> None:
+    app = create_app(Settings(database_url=postgresql_url))
+    async with app.router.lifespan_context(app):
+        leadership = app.state.leadership
+        assert leadership is not None and leadership.is_leader()
+        assert app.state.planner.leadership is leadership
