@@ -170,6 +170,8 @@ async def test_the_exporter_counts_refused_records_and_delivers_the_rest(
     admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
         assert (await http.post("/api/v1/slos", json=CHAT)).status_code == 201
+        # The engine polls the SLO table every second; a read loads a new SLO at once.
+        await http.get("/api/v1/slos/chat/goodput?window=1m")
         exporter = ControlPlaneExporter(
             server.url, api_key=await new_key(database_url, Role.INGEST), flush_interval_s=0.05
         )
