@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from serving.gateway.config import KVHandoff
+
 __all__ = ["gateway"]
 
 
@@ -86,6 +88,14 @@ def gateway(
             min=0.1, help="seconds between polls of the gateway's commands (admission policies)"
         ),
     ] = 1.0,
+    kv_handoff: Annotated[
+        KVHandoff,
+        typer.Option(
+            help="how decode instances get the prefill's KV: folder (ExampleConnector, a "
+            "shared folder) or params (NixlConnector: kv_transfer_params from the prefill "
+            "response to the decode request)"
+        ),
+    ] = KVHandoff.FOLDER,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
@@ -117,6 +127,7 @@ def gateway(
             cooldown_s=cooldown,
             fleet_refresh_s=fleet_refresh,
             command_poll_s=command_poll,
+            kv_handoff=kv_handoff,
         )
         if gateway_id:
             config = dataclasses.replace(config, gateway_id=gateway_id)

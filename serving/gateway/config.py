@@ -6,11 +6,25 @@ import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from exporters.fleet import PoolRole
 from serving.gateway.pool import StaticInstance
 
-__all__ = ["GatewayConfig", "GatewayConfigError"]
+__all__ = ["GatewayConfig", "GatewayConfigError", "KVHandoff"]
+
+
+class KVHandoff(StrEnum):
+    """How a decode instance learns that its prompt's KV cache was computed by a prefill one.
+
+    ``FOLDER``: ExampleConnector over a shared folder; the decode leg is the client's body
+    and the decode instance finds the prompt's KV by its tokens. ``PARAMS``: NixlConnector's
+    protocol; the prefill leg asks for ``do_remote_decode`` and the decode leg carries the
+    ``kv_transfer_params`` the prefill instance answered with (where to pull the blocks).
+    """
+
+    FOLDER = "folder"
+    PARAMS = "params"
 
 
 class GatewayConfigError(ValueError):
@@ -32,6 +46,10 @@ class GatewayConfig:
     whole prefill call; ``first_token_timeout_s`` until the decode instance answers;
     ``chunk_timeout_s`` between two chunks of a stream. Every upstream call has one.
     ``command_poll_s``: how often the gateway polls its commands (with ``agent_key``).
+
+    ``kv_handoff``: the KV hand-off protocol of the PD pools (:class:`KVHandoff`; it must
+    match the workers' connector: ``folder`` for ExampleConnector, ``params`` for
+    NixlConnector). Colocated mode has no hand-off and ignores it.
     """
 
     prefill: tuple[str, ...] = ()
@@ -56,8 +74,16 @@ class GatewayConfig:
     command_poll_s: float = 1.0
     max_connections: int = 512
     record_flush_interval_s: float = 0.25
+    kv_handoff: KVHandoff = KVHandoff.FOLDER
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kv_handoff", KVHandoff(self.kv_handoff))
+        except ValueError:
+            allowed = ", ".join(repr(k.value) for k in KVHandoff)
+            raise GatewayConfigError(
+                f"kv_handoff must be one of {allowed}, got {self.kv_handoff!r}"
+            ) from None
         if self.colocated and (self.prefill or self.decode):
             raise GatewayConfigError(
                 "--colocated cannot be combined with --prefill/--decode: colocated mode has "

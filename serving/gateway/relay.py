@@ -11,9 +11,15 @@ The PD sequence (docs/gateway.md):
 
 1. ``PREFILL_START``: the request, with ``max_tokens=1`` and ``stream=false``, to the
    prefill instance; wait for the whole response (the KV cache is written when it
-   completes: a decode instance must never read a half-written one).
+   completes: a decode instance must never read a half-written one). With the ``params``
+   hand-off (NixlConnector) it also carries ``kv_transfer_params`` with
+   ``do_remote_decode: true``, and the response must carry the ``kv_transfer_params`` that
+   say where the prompt's blocks are: one without them is a ``502`` naming the instance
+   (the decode instance would silently recompute the prompt).
 2. ``PREFILL_END`` = ``KV_HANDOFF_START``: the same request to the decode instance, which
-   finds the prompt's KV cache and loads it instead of recomputing.
+   finds the prompt's KV cache (``folder``: in the shared folder, by its tokens; ``params``:
+   the request carries the prefill's ``kv_transfer_params``) and loads it instead of
+   recomputing.
 3. ``KV_HANDOFF_END`` at the decode instance's first token; then every chunk is relayed
    the moment it is complete and its tokens recorded (``tokens(k)``) once it has been
    written to the client's connection: the emission times are when tokens left the
@@ -33,7 +39,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from starlette.responses import Response
@@ -46,9 +52,11 @@ from serving.gateway._request import (
     describe,
     max_tokens_of,
     prefill_body,
+    prefill_kv_params,
     response_json,
 )
 from serving.gateway.admission import RequestInfo
+from serving.gateway.config import KVHandoff
 from serving.gateway.routing import InstanceState, NoInstanceError, RouteDecision, RouteRequest
 from serving.gateway.sse import DONE_EVENT, EventSplitter, StreamAccounting, error_event
 
@@ -113,6 +121,7 @@ class _Job:
         self.started = False  # response headers sent
         self.acct = StreamAccounting()
         self.pd = False  # a prefill instance served this request
+        self.kv_params: dict[str, Any] | None = None  # the prefill's answer (params hand-off)
 
     async def run(self) -> None:
         gw, req = self.gw, self.req
@@ -199,7 +208,8 @@ class _Job:
         """Run the prefill (retried once elsewhere); the route to decode with, or one with
         ``prefill=None`` when the client was answered with an error."""
         gw, req = self.gw, self.req
-        body = prefill_body(req.body)
+        remote_decode = gw.config.kv_handoff is KVHandoff.PARAMS
+        body = prefill_body(req.body, remote_decode=remote_decode)
         headers = {"x-request-id": f"{req.request_id}-prefill"}
         self.trace.mark(Phase.PREFILL_START)
         tried: set[str] = set()
@@ -228,12 +238,25 @@ class _Job:
                 break
             finally:
                 gw.pool.add_load(target.id, prefill_tokens=-req.prompt_tokens)
-            gw.metrics.upstream[("prefill", "ok" if response.status_code == 200 else "error")].inc()
             if response.status_code != 200:
+                gw.metrics.upstream[("prefill", "error")].inc()
                 self.reason = f"prefill on {target.id}: HTTP {response.status_code}"
                 await self._relay_body(response)
                 return RouteDecision(None, route.decode)
-            usage = response_json(response).get("usage") or {}
+            payload = response_json(response)
+            if remote_decode:
+                self.kv_params = prefill_kv_params(payload)
+                if self.kv_params is None:  # the decode leg would recompute the prompt
+                    gw.metrics.upstream[("prefill", "error")].inc()
+                    self.reason = (
+                        f"prefill on {target.id} answered without kv_transfer_params: the "
+                        "gateway hands the KV over with kv_handoff=params, which needs "
+                        "NixlConnector on the prefill instance"
+                    )
+                    await self._reply_error(502, self.reason, "upstream_error")
+                    return RouteDecision(None, route.decode)
+            gw.metrics.upstream[("prefill", "ok")].inc()
+            usage = payload.get("usage") or {}
             self.acct.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             now = time.perf_counter_ns()
             self.trace.mark(Phase.PREFILL_END, now)
@@ -248,6 +271,8 @@ class _Job:
         gw, req = self.gw, self.req
         pool_name = "colocated" if route.prefill is None else "decode"
         body = dict(req.body)
+        if self.kv_params is not None:  # the params hand-off: where the prompt's KV is
+            body["kv_transfer_params"] = self.kv_params
         if req.stream:
             options = body.get("stream_options") or {}
             self.acct.client_usage = bool(options.get("include_usage"))

@@ -6,8 +6,8 @@ Routes (OpenAI-compatible where OpenAI defines them):
   decode instances (PD) or one instance (colocated), streaming or not
   (:mod:`serving.gateway.relay`);
 * ``GET /v1/models``: the first reachable instance's answer;
-* ``GET /health``: the gateway's own liveness, its admission mode and policy version, and
-  its pools (200 while it runs);
+* ``GET /health``: the gateway's own liveness, its admission mode and policy version, its
+  KV hand-off protocol and its pools (200 while it runs);
 * ``GET /metrics``: Prometheus text from the gateway's registry — request histograms and
   counters of :class:`~exporters.prometheus.PrometheusExporter` and the gateway's own
   (:mod:`serving.gateway.metrics`).
@@ -127,7 +127,7 @@ def create_app(
         version = hook.policy.version if isinstance(hook, PolicyAdmission) and hook.policy else None
         admission = {"mode": mode, "policy_version": version}
         return {"status": "ok", "gateway_id": config.gateway_id, "admission": admission,
-                **gateway.pools()}  # fmt: skip
+                "kv_handoff": config.kv_handoff.value, **gateway.pools()}  # fmt: skip
 
     @app.get("/metrics")
     async def metrics() -> Response:
