@@ -1,11 +1,12 @@
 """Benchmark: one PD planner tick for a fleet of 1,000 instances (goal ≤ 50 ms).
 
-A tick's compute, as ``controlplane.planner_runtime`` runs it after its queries: the
-snapshot from the fleet registry's rows (:func:`~controlplane.planner_snapshot.build_snapshot`
-over 1,000 ``FleetMember`` rows with heartbeat loads, a few pinned, a few moving, some
-stale) and :func:`controlplane.policies.planner.plan` on it (every candidate split, the
-TTFT correction search, the choice of instances). Demand and load change every tick
-(prefill-heavy and decode-heavy phases), so ticks with and without moves are both timed.
+A tick's compute, as ``controlplane.runtime.planner`` runs it after its queries: the
+snapshot from the fleet registry's rows
+(:func:`~controlplane.runtime.planner_snapshot.build_snapshot` over 1,000 ``FleetMember``
+rows with heartbeat loads, a few pinned, a few moving, some stale) and
+:func:`controlplane.policies.planner.plan` on it (every candidate split, the TTFT correction
+search, the choice of instances). Demand and load change every tick (prefill-heavy and
+decode-heavy phases), so ticks with and without moves are both timed.
 In the same run, the baseline is the Dynamo-style planner's tick on the same snapshot
 (:class:`~controlplane.policies.dynamo.DynamoPlanner`: two replica formulas and a split),
 timed the same way.
@@ -33,7 +34,6 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from controlplane.models import FleetKind, FleetMember, FleetState, PoolRole  # noqa: E402
-from controlplane.planner_snapshot import build_snapshot  # noqa: E402
 from controlplane.policies.dynamo import (  # noqa: E402
     DynamoConfig,
     DynamoObservation,
@@ -47,6 +47,7 @@ from controlplane.policies.planner import (  # noqa: E402
     SLOTargets,
     plan,
 )
+from controlplane.runtime.planner_snapshot import build_snapshot  # noqa: E402
 
 # H100 Llama-3.1-8B-like capacities (the simulator's fitted profile, rounded).
 MODEL = ServiceModel(32_000.0, 0.0085, 1.45e-5, 4.9e-8, 0.001)

@@ -2,9 +2,9 @@
 
 The lifespan opens the database (``app.state.engine``, ``app.state.sessions``; nothing
 connects yet), starts the live goodput runtime (``app.state.live``, :func:`live_lifespan`),
-the PD planner tick (``app.state.planner``, ``controlplane.planner_runtime``; when
+the PD planner tick (``app.state.planner``, ``controlplane.runtime.planner``; when
 ``settings.planner_enabled``) and the admission policy loop (``app.state.admission``,
-``controlplane.admission_runtime``; when ``settings.admission_enabled``), then enters
+``controlplane.runtime.admission``; when ``settings.admission_enabled``), then enters
 the extra lifespans it was given, in order (control loops, ...), and closes them in
 reverse. The app starts and answers ``/health`` with the database down or not migrated
 (``/ready`` says why it is not ready). Every API route must declare a role
@@ -39,7 +39,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from starlette.middleware.gzip import GZipMiddleware
 
-from controlplane.admission_runtime import admission_lifespan
 from controlplane.api.auth import assert_routes_guarded, document_open_routes
 from controlplane.api.deps import strict_query
 from controlplane.api.limits import RequestLimits
@@ -64,10 +63,11 @@ from controlplane.api.security_headers import SecurityHeaders
 from controlplane.console import mount_console
 from controlplane.db import create_engine_for, session_factory
 from controlplane.errors import install_error_handlers
-from controlplane.leadership import leadership_lifespan
-from controlplane.live import LiveGoodput, app_registry
 from controlplane.otlp_grpc import otlp_grpc_lifespan
-from controlplane.planner_runtime import planner_lifespan
+from controlplane.runtime.admission import admission_lifespan
+from controlplane.runtime.leadership import leadership_lifespan
+from controlplane.runtime.live import LiveGoodput, app_registry
+from controlplane.runtime.planner import planner_lifespan
 from controlplane.schemas.common import ERROR_RESPONSES, responses
 from controlplane.settings import Settings
 
@@ -174,7 +174,8 @@ def _document_open_routes(app: FastAPI) -> None:
 @asynccontextmanager
 async def live_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the live goodput runtime on ``app.state.live`` (registry
-    ``app.state.metrics_registry``); it starts even without a database (``controlplane.live``).
+    ``app.state.metrics_registry``); it starts even without a database
+    (``controlplane.runtime.live``).
 
     ASGI servers such as uvicorn drain open connections *before* the lifespan shutdown, so
     an open SSE stream would hold a graceful shutdown up for good: a handler chained in

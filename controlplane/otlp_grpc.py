@@ -42,8 +42,8 @@ from controlplane.ingest import (
     parse_export_request,
 )
 from controlplane.ingest.otlp_codec import CONTENT_TYPE_PROTOBUF
-from controlplane.live import LiveGoodput
 from controlplane.models import Role
+from controlplane.runtime.live import LiveGoodput
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 

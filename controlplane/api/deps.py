@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.api.auth import Principal, require
 from controlplane.errors import ForbiddenError, InvalidInputError, UnavailableError
-from controlplane.live import LiveGoodput
 from controlplane.models import Role
+from controlplane.runtime.live import LiveGoodput
 from controlplane.settings import Settings
 
 __all__ = [

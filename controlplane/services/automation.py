@@ -1,5 +1,5 @@
 """Automation: the planner's pause switch, role pins, and role moves (use cases that take a
-session; the planner tick in ``controlplane.planner_runtime`` and the ``/automation``
+session; the planner tick in ``controlplane.runtime.planner`` and the ``/automation``
 routes call them).
 
 A **role move** changes one worker's pool by commands, in order: ``drain`` (no new work;

@@ -16,7 +16,7 @@ stands and change nothing, so the first answer wins.
 issued; ``delivered``: every delivery, re-deliveries too; ``acked``, ``failed``;
 ``expired``: found expired at its target's next poll), once the transaction that made the
 change commits: a rolled-back issue counts nothing. The control plane exports them as
-``goodput_commands_total{kind, state}`` (:mod:`controlplane.loop_metrics`).
+``goodput_commands_total{kind, state}`` (:mod:`controlplane.runtime.loop_metrics`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Goodput minute rollups in the database: an SLO's stored history, and the upsert of
 minutes the engine emitted (``goodput_rollup``, keyed by ``(slo_id, minute_start)``).
 
-The live runtime (``controlplane.live``) is the one caller: it reads the history of SLOs
+The live runtime (``controlplane.runtime.live``) is the one caller: it reads the history of SLOs
 that enter the engine and upserts complete minutes on a timer. Like every service these
 take the caller's session and never commit it.
 

@@ -16,7 +16,7 @@ from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
 from controlplane.errors import ConflictError, UnavailableError
 from controlplane.models import MoveState, PoolRole, RoleMove
-from controlplane.planner_runtime import PlannerRuntime
+from controlplane.runtime.planner import PlannerRuntime
 from controlplane.schemas.automation import (
     AutomationPublic,
     AutomationStatus,

@@ -15,7 +15,7 @@ SLO's own window); anything else is a 400 naming them. A key scoped to a tenant 
 SLOs whose selector has that tenant, and may dry-run only such SLOs. The numbers are the
 engine's (``controlplane.goodput``): attainment and counts exact, percentiles within the
 sketch's 1 %. Queries and the stream answer 503 until the engine has loaded the SLO set (after
-a start without a database, ``controlplane.live``).
+a start without a database, ``controlplane.runtime.live``).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from controlplane.goodput import (
     UnknownSLOError,
 )
 from controlplane.goodput.spec import measurement_warnings
-from controlplane.live import LiveGoodput
 from controlplane.models import SLO
+from controlplane.runtime.live import LiveGoodput
 from controlplane.schemas.common import ErrorPublic, Interval, WireModel, responses
 from controlplane.schemas.slo import SLOCreate
 from controlplane.services import slos as slo_service

@@ -41,8 +41,8 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.api.deps import LiveDep, Viewer
 from controlplane.api.routes._params import FilterText
 from controlplane.goodput import GoodputEngine, GoodputStats, SLOSpec
-from controlplane.live import LiveGoodput
 from controlplane.models import SLOVantage
+from controlplane.runtime.live import LiveGoodput
 
 __all__ = [
     "BURN_WINDOWS",

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 
 from controlplane.api.auth import Principal, require
 from controlplane.errors import UnavailableError, describe_error
-from controlplane.live import LiveGoodput
 from controlplane.models import SCHEMA_REVISION, Role
+from controlplane.runtime.live import LiveGoodput
 from controlplane.schemas.common import ErrorPublic, responses
 
 __all__ = ["router"]

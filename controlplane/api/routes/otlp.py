@@ -36,7 +36,7 @@ from controlplane.ingest import (
     rpc_status,
 )
 from controlplane.ingest.otlp_codec import CONTENT_TYPE_JSON, CONTENT_TYPE_PROTOBUF, media_type
-from controlplane.live import LiveGoodput
+from controlplane.runtime.live import LiveGoodput
 from controlplane.schemas.common import responses
 
 __all__ = ["router"]

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 
 from controlplane.db import create_engine_for, session_factory
-from controlplane.live import LiveGoodput
 from controlplane.models import GoodputRollup
+from controlplane.runtime.live import LiveGoodput
 from controlplane.settings import Settings
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage
 

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db import create_engine_for, session_factory
-from controlplane.leadership import DeposedError, Leadership
 from controlplane.main import create_app
 from controlplane.models import LeaderLease
+from controlplane.runtime.leadership import DeposedError, Leadership
 from controlplane.settings import Settings
 from migrations import upgrade
 

@@ -25,9 +25,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from controlplane.db import create_engine_for, session_factory, sync_url, utcnow
-from controlplane.live import LiveGoodput
 from controlplane.main import create_app
 from controlplane.models import SCHEMA_REVISION, GoodputRollup, Role
+from controlplane.runtime.live import LiveGoodput
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage

@@ -131,7 +131,7 @@ def test_base_has_the_control_plane_shape() -> None:
 @needs_kubectl
 @pytest.mark.parametrize("target", OVERLAYS)
 def test_one_control_plane_until_it_scales_out(target: str) -> None:
-    """controlplane/live.py: one replica owns the engine (docs/deploy.md)."""
+    """controlplane/runtime/live.py: one replica owns the engine (docs/deploy.md)."""
     objects = render(target)
     deployment = by_kind(objects, "Deployment")["goodput-controlplane"]
     assert deployment["spec"]["replicas"] == 1

@@ -122,7 +122,7 @@ def test_bad_config_is_refused() -> None:
 
 
 def test_fingerprint_ignores_the_version_and_noise() -> None:
-    from controlplane.admission_runtime import fingerprint
+    from controlplane.runtime.admission import fingerprint
 
     config = AdmissionConfig()
     slos = [spec("chat", (Objective(Metric.TTFT, 0.5),), {"slo": "chat"})]

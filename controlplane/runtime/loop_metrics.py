@@ -16,7 +16,7 @@
   ``goodput_requests_total{result="good"}``.
 
 :func:`command_collector` is registered on every app registry
-(:func:`controlplane.live.app_registry`); :class:`PlannerCollector` by the planner's
+(:func:`controlplane.runtime.live.app_registry`); :class:`PlannerCollector` by the planner's
 lifespan while the planner runs.
 """
 
@@ -65,7 +65,7 @@ def command_collector() -> CommandCollector:
 
 class PlannerState(Protocol):
     """What :class:`PlannerCollector` reads of a
-    :class:`~controlplane.planner_runtime.PlannerRuntime`."""
+    :class:`~controlplane.runtime.planner.PlannerRuntime`."""
 
     @property
     def moves_started(self) -> Mapping[str, int]: ...

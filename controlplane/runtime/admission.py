@@ -4,7 +4,7 @@
 (:func:`admission_lifespan`, when ``settings.admission_enabled``; ``app.state.admission``).
 
 * **Learn.** It reads the control plane's one latency model learner
-  (:class:`~controlplane.learner_runtime.SharedLearner`, shared with the planner: prefill
+  (:class:`~controlplane.runtime.learner.SharedLearner`, shared with the planner: prefill
   rate, KV handoff, ``itl = a + b·batch + c·context``, mean decode time and context), fed by
   ingest; each tick tells it how many decode workers the fleet has.
 * **Decide (pure).** Every ``admission_interval_s``:
@@ -47,10 +47,10 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.learner_runtime import count_decode_instances
-from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import Command, FleetKind, FleetMember, FleetState
 from controlplane.policies.admission import AdmissionConfig, compute_policy
+from controlplane.runtime.learner import count_decode_instances
+from controlplane.runtime.loop import ControlLoop, loop_lifespan
 from controlplane.services.commands import issue_automatic
 from controlplane.services.fleet import is_stale
 from controlplane.settings import Settings
@@ -179,7 +179,7 @@ class AdmissionRuntime(ControlLoop):
 @asynccontextmanager
 async def admission_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the admission loop on ``app.state.admission`` when ``settings.admission_enabled``
-    (:func:`controlplane.loop_runtime.loop_lifespan`)."""
+    (:func:`controlplane.runtime.loop.loop_lifespan`)."""
     settings: Settings = app.state.settings
     async with loop_lifespan(app, AdmissionRuntime, enabled=settings.admission_enabled):
         yield

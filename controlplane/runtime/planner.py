@@ -5,7 +5,7 @@
 listens to ingest (``Ingestor.add_listener``): every applied batch feeds the demand window
 (:class:`~controlplane.policies.planner_demand.DemandWindow`). Its capacities come from the
 control plane's one latency model learner
-(:class:`~controlplane.learner_runtime.SharedLearner`, shared with admission: prefill rate,
+(:class:`~controlplane.runtime.learner.SharedLearner`, shared with admission: prefill rate,
 KV handoff, ``itl = a + b·batch + c·context``). Every ``planner_interval_s`` one tick, in one
 transaction:
 
@@ -15,7 +15,7 @@ transaction:
    set_role + resume → done) and records the observed effect of moves done
    ``planner_observe_after_s`` ago (the goodput engine's last minute per SLO, beside the
    prediction);
-3. builds the planner's snapshot (``controlplane.planner_snapshot.build_snapshot``) from
+3. builds the planner's snapshot (``controlplane.runtime.planner_snapshot.build_snapshot``) from
    the fleet registry's heartbeats (role, state, ``num_requests_running``,
    ``num_requests_waiting``, optional ``prefill_queue_tokens``, ``decode_context_tokens``,
    ``prefill_tokens_per_s``, ``kv_both``), the pins, the moves in progress, the demand, the
@@ -50,11 +50,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.learner_runtime import count_decode_instances
-from controlplane.loop_metrics import PlannerCollector
-from controlplane.loop_runtime import ControlLoop, loop_lifespan
 from controlplane.models import FleetKind, FleetMember, MoveState, PoolRole, RoleMove
-from controlplane.planner_snapshot import build_snapshot
 from controlplane.policies.planner import (
     Plan,
     PlannerConfig,
@@ -64,6 +60,10 @@ from controlplane.policies.planner import (
 )
 from controlplane.policies.planner_demand import DemandWindow
 from controlplane.policies.targets import slo_targets
+from controlplane.runtime.learner import count_decode_instances
+from controlplane.runtime.loop import ControlLoop, loop_lifespan
+from controlplane.runtime.loop_metrics import PlannerCollector
+from controlplane.runtime.planner_snapshot import build_snapshot
 from controlplane.schemas.automation import TickPublic
 from controlplane.services import automation
 from controlplane.settings import Settings
@@ -163,7 +163,7 @@ class PlannerRuntime(ControlLoop):
                     timings=self.timings,
                 )
                 moves.append(row.id)
-        # Committed: count the moves and keep the plan (controlplane.loop_metrics).
+        # Committed: count the moves and keep the plan (controlplane.runtime.loop_metrics).
         for move in result.moves:
             role = move.to_role.value
             self.moves_started[role] = self.moves_started.get(role, 0) + 1
@@ -342,8 +342,8 @@ class PlannerRuntime(ControlLoop):
 @asynccontextmanager
 async def planner_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Run the planner on ``app.state.planner`` when ``settings.planner_enabled``
-    (:func:`controlplane.loop_runtime.loop_lifespan`), its metrics
-    (:class:`~controlplane.loop_metrics.PlannerCollector`) on the app's registry."""
+    (:func:`controlplane.runtime.loop.loop_lifespan`), its metrics
+    (:class:`~controlplane.runtime.loop_metrics.PlannerCollector`) on the app's registry."""
     settings: Settings = app.state.settings
     async with loop_lifespan(app, PlannerRuntime, enabled=settings.planner_enabled):
         planner = app.state.planner

@@ -6,7 +6,7 @@ database away) is logged once per failure streak and counted; the loop goes on. 
 reads the control plane's one latency learner, attached while it runs.
 
 :func:`loop_lifespan` makes a loop with the app's learner
-(:func:`controlplane.learner_runtime.shared_learner`), starts it on ``app.state.<name>`` when
+(:func:`controlplane.runtime.learner.shared_learner`), starts it on ``app.state.<name>`` when
 enabled (``None`` there otherwise) and stops it when the app shuts down. It runs after
 ``live_lifespan``: the loops listen to its ingest.
 
@@ -33,9 +33,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
-from controlplane.leadership import DeposedError, Leadership
-from controlplane.learner_runtime import SharedLearner, shared_learner
-from controlplane.live import LiveGoodput
+from controlplane.runtime.leadership import DeposedError, Leadership
+from controlplane.runtime.learner import SharedLearner, shared_learner
+from controlplane.runtime.live import LiveGoodput
 from controlplane.settings import Settings
 
 __all__ = ["ControlLoop", "loop_lifespan"]
@@ -106,7 +106,7 @@ class ControlLoop(ABC):
 
     async def fence(self, session: AsyncSession) -> None:
         """The first statement of every tick's transaction: raises
-        :class:`~controlplane.leadership.DeposedError` when another replica took the lead
+        :class:`~controlplane.runtime.leadership.DeposedError` when another replica took the lead
         since this one last renewed (the transaction then writes nothing)."""
         if self.leadership is not None:
             await self.leadership.fence(session)

@@ -470,8 +470,8 @@ class _RuntimeCollector:
 
 def app_registry() -> CollectorRegistry:
     """A registry of the app's own (process and platform metrics, the commands counted by
-    :mod:`controlplane.loop_metrics`; never the global one)."""
-    from controlplane.loop_metrics import command_collector
+    :mod:`controlplane.runtime.loop_metrics`; never the global one)."""
+    from controlplane.runtime.loop_metrics import command_collector
 
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
