@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporters.latency import request_latencies
 from exporters.records import Phase, RecordBatch, RequestRecord, Status, Vantage
 from serving.gateway.process import GatewayProcess
+from serving.model import kv_bytes_per_token
+from serving.workers import metric_sum
 
 from .conftest import ControlPlane, PDPair, metrics_text, token_prompt
 
@@ -97,10 +99,31 @@ def test_a_request_through_the_gateway_returns_its_tokens(gateway: GatewayProces
     assert models["data"][0]["id"] == "tiny"
 
 
+_TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(
+    {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64, "hidden_size": 256,
+     "num_hidden_layers": 2}
+)  # fmt: skip
+
+
+def kv_families(url: str, prefix: str) -> tuple[float, float, float]:
+    """(observations, seconds, bytes) of ``goodput_kv_<prefix>_*`` on an engine's /metrics."""
+    text = metrics_text(url)
+    labels = {"model": "tiny", "vantage": "engine"}
+    return (
+        metric_sum(text, f"goodput_kv_{prefix}_seconds_count", **labels),
+        metric_sum(text, f"goodput_kv_{prefix}_seconds_sum", **labels),
+        metric_sum(text, f"goodput_kv_{prefix}_bytes_total", **labels),
+    )
+
+
 def test_the_decode_instance_gets_the_prompt_by_kv_transfer(
     gateway: GatewayProcess, pd_pair: PDPair
 ) -> None:
     before = kv_transfer_tokens(pd_pair.decode.url)
+    loads_before = kv_families(pd_pair.decode.url, "transfer")
+    saves_before = kv_families(pd_pair.prefill.url, "save")
+    prefill_loads_before = kv_families(pd_pair.prefill.url, "transfer")
+    decode_saves_before = kv_families(pd_pair.decode.url, "save")
     stream(gateway.url, token_prompt(400, seed=3003), 4, "gw-kv")
     # A 400-token prompt transfers its whole 128-token blocks but the last token's: 384.
     deadline = time.monotonic() + 10
@@ -108,6 +131,20 @@ def test_the_decode_instance_gets_the_prompt_by_kv_transfer(
         assert time.monotonic() < deadline, "the decode instance loaded no KV from the prefill"
         time.sleep(0.2)
     assert kv_transfer_tokens(pd_pair.decode.url) - before == 384
+    # The connector's transfer stats on vLLM's /metrics (the plugin's goodput_kv_* families):
+    # the decode instance loaded one prompt of 384 tokens, the prefill instance saved it.
+    expected_bytes = 384 * _TINY_KV_BYTES_PER_TOKEN
+    while kv_families(pd_pair.decode.url, "transfer")[0] - loads_before[0] < 1:
+        assert time.monotonic() < deadline, "no goodput_kv_transfer_seconds on the decode"
+        time.sleep(0.2)
+    loads = np.subtract(kv_families(pd_pair.decode.url, "transfer"), loads_before)
+    saves = np.subtract(kv_families(pd_pair.prefill.url, "save"), saves_before)
+    print(f"\nKV load on the decode: {loads}; KV save on the prefill: {saves}")
+    assert loads[0] == 1 and 0 < loads[1] < 5 and loads[2] == expected_bytes
+    assert saves[0] == 1 and 0 < saves[1] < 5 and saves[2] == expected_bytes
+    # Neither side did the other's half of the hand-off.
+    assert kv_families(pd_pair.prefill.url, "transfer") == prefill_loads_before
+    assert kv_families(pd_pair.decode.url, "save") == decode_saves_before
 
 
 def _latencies(record: RequestRecord) -> tuple[float, float]:
