@@ -23,7 +23,9 @@ whose *good* side carries the latency thresholds. Export (lossless, re-importabl
             total: {metricSource: {type: Goodput, spec: {requests: total, selector: {...}}}}
       objectives: [{displayName: good requests, target: 0.99}]
 
-``availability_target`` travels as the annotation ``goodput.dev/availability-target``.
+``availability_target`` travels as the annotation ``goodput.dev/availability-target``, and
+``infeasible`` (what admission does with a request that cannot meet the TTFT objective even
+on an idle instance) as ``goodput.dev/infeasible`` when it is not the default ``admit``.
 
 Import also accepts a single-metric **threshold** SLI, the usual way to write a latency SLO
 in OpenSLO: ``thresholdMetric.metricSource`` of type ``Goodput`` with
@@ -60,6 +62,7 @@ __all__ = [
 API_VERSION = "openslo/v1"
 ANNOTATION_VANTAGE = "goodput.dev/vantage"
 ANNOTATION_AVAILABILITY = "goodput.dev/availability-target"
+ANNOTATION_INFEASIBLE = "goodput.dev/infeasible"
 SOURCE_TYPE = "Goodput"
 
 #: Limits of an import's YAML: nesting (an SLO needs 8 levels) and parse time.
@@ -102,6 +105,8 @@ def to_openslo(slo: SLOPublic) -> dict[str, Any]:
     annotations = {ANNOTATION_VANTAGE: slo.vantage.value}
     if slo.availability_target is not None:
         annotations[ANNOTATION_AVAILABILITY] = repr(slo.availability_target)
+    if slo.infeasible != "admit":
+        annotations[ANNOTATION_INFEASIBLE] = slo.infeasible
     selector = dict(slo.selector)
     objectives = [
         {"metric": o.metric, "op": "lte", "threshold_s": o.threshold_s, "statistic": o.statistic}
@@ -264,6 +269,8 @@ def _from_openslo(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
     }
     if ANNOTATION_AVAILABILITY in annotations:
         fields["availability_target"] = annotations[ANNOTATION_AVAILABILITY]
+    if ANNOTATION_INFEASIBLE in annotations:
+        fields["infeasible"] = annotations[ANNOTATION_INFEASIBLE]
     indicator = _get(_get(spec, "indicator", f"{where}.spec"), "spec", f"{where}.spec.indicator")
     goals = _get(spec, "objectives", f"{where}.spec", list)
     if len(goals) != 1 or not isinstance(goals[0], Mapping):

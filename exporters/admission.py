@@ -13,6 +13,9 @@ command (:mod:`exporters.commands`); the gateway's rule
 * ``slos``: per SLO (header ``x-goodput-slo``) the allowed TTFT and ITL, the SLO's burn rate
   and the ``margin_ratio`` that tightens the allowed latency while the burn rate is high
   (shed earlier while the error budget burns);
+  and ``infeasible``: what to do with a request predicted to miss the TTFT objective even
+  on an idle instance (``"admit"``: best effort, counted apart; ``"reject"``: refused at
+  once, without ``Retry-After``);
 * ``model``: the learned latency model — prefill rate (per instance where known), KV
   handoff, the decode ITL model ``itl = itl_base_s + itl_per_stream_s·batch +
   itl_per_context_token_s·context_tokens`` (``context_tokens``: the KV tokens of the whole
@@ -67,11 +70,20 @@ from exporters._wire_fields import (
     check_seconds,
 )
 
-__all__ = ["AdmissionModel", "AdmissionPolicy", "ClassPolicy", "SLOAdmission", "prompt_class"]
+__all__ = [
+    "INFEASIBLE_ACTIONS",
+    "AdmissionModel",
+    "AdmissionPolicy",
+    "ClassPolicy",
+    "SLOAdmission",
+    "prompt_class",
+]
 
 _MAX_INT32 = 2**31 - 1
 #: At most this many prompt-class bounds (so at most 17 classes).
 MAX_PROMPT_CLASS_BOUNDS = 16
+#: What an SLO does with a request it can never serve within its TTFT objective.
+INFEASIBLE_ACTIONS = ("admit", "reject")
 
 
 def prompt_class(bounds: tuple[int, ...], prompt_tokens: int) -> int:
@@ -196,14 +208,19 @@ class ClassPolicy:
 @dataclass(frozen=True, slots=True)
 class SLOAdmission:
     """What admission protects for one SLO: allowed TTFT and ITL (``None``: no such
-    objective), the SLO's burn rate when the policy was made, and ``margin_ratio`` (0, 1]:
-    the factor on the allowed latencies (1 while the budget is safe, smaller while it burns).
+    objective), the SLO's burn rate when the policy was made, ``margin_ratio`` (0, 1]:
+    the factor on the allowed latencies (1 while the budget is safe, smaller while it burns),
+    and ``infeasible`` (one of :data:`INFEASIBLE_ACTIONS`): what the gateway does with a
+    request whose TTFT on an idle instance (its own prefill and the KV hand-off, no queue)
+    is predicted above ``ttft_s`` — ``"admit"`` it as best effort, counted apart, or
+    ``"reject"`` it at once. ``to_json`` writes ``infeasible`` only when it is ``"reject"``.
     """
 
     ttft_s: float | None = None
     itl_s: float | None = None
     burn_rate: float = 0.0
     margin_ratio: float = 1.0
+    infeasible: str = "admit"
 
     def __post_init__(self) -> None:
         self._check("slo")
@@ -213,21 +230,32 @@ class SLOAdmission:
         object.__setattr__(self, "itl_s", check_optional_seconds(self.itl_s, f"{path}.itl_s"))
         object.__setattr__(self, "burn_rate", _nonneg(self.burn_rate, f"{path}.burn_rate"))
         object.__setattr__(self, "margin_ratio", _ratio(self.margin_ratio, f"{path}.margin_ratio"))
+        if self.infeasible not in INFEASIBLE_ACTIONS:
+            raise CommandError(
+                f"{path}.infeasible",
+                f"must be one of {list(INFEASIBLE_ACTIONS)}, got {self.infeasible!r}",
+            )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "ttft_s": self.ttft_s,
             "itl_s": self.itl_s,
             "burn_rate": self.burn_rate,
             "margin_ratio": self.margin_ratio,
         }
+        if self.infeasible != "admit":
+            out["infeasible"] = self.infeasible
+        return out
 
     @classmethod
     def from_json(cls, obj: Any, path: str = "slo") -> SLOAdmission:
-        obj = _check_fields(obj, path, ("ttft_s", "itl_s", "burn_rate", "margin_ratio"))
+        obj = _check_fields(
+            obj, path, ("ttft_s", "itl_s", "burn_rate", "margin_ratio"), ("infeasible",)
+        )
         out = cls.__new__(cls)
         for key in ("ttft_s", "itl_s", "burn_rate", "margin_ratio"):
             object.__setattr__(out, key, obj[key])
+        object.__setattr__(out, "infeasible", obj.get("infeasible", "admit"))
         out._check(path)
         return out
 
@@ -296,6 +324,11 @@ class AdmissionModel:
         check_int(self.max_decode_batch, f"{path}.max_decode_batch", 1, _MAX_INT32)
         put("mean_decode_s", check_seconds(self.mean_decode_s, f"{path}.mean_decode_s"))
         put("mean_context_tokens", _nonneg(self.mean_context_tokens, f"{path}.mean_context_tokens"))
+
+    def fastest_prefill_rate(self) -> float:
+        """The highest prompt tokens/s of any prefill instance (the pool's rate without
+        per-instance rates): what an idle instance can do at best."""
+        return max((self.prefill_tokens_per_s, *self.instance_prefill_tokens_per_s.values()))
 
     def prefill_rate(self, instance_id: str | None) -> float:
         """Prompt tokens/s of ``instance_id`` (the pool's rate when it has no own one)."""

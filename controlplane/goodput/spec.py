@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from exporters.records import LABEL_KEYS, Vantage
 from exporters.slo import Metric, Objective
 
-__all__ = ["SLOSpec", "SpecError", "measurement_warnings", "objective_key"]
+#: An SLO's choices for requests admission predicts can never meet its TTFT objective.
+INFEASIBLE_ACTIONS = ("admit", "reject")
+
+__all__ = ["INFEASIBLE_ACTIONS", "SLOSpec", "SpecError", "measurement_warnings", "objective_key"]
 
 
 class SpecError(ValueError):
@@ -99,6 +102,9 @@ class SLOSpec:
     vantage: Vantage = Vantage.GATEWAY
     availability_target: float | None = None
     version: int = 1
+    #: What admission does with a request predicted to miss the TTFT objective even on an
+    #: idle instance: ``"admit"`` (best effort, counted apart) or ``"reject"`` (at once).
+    infeasible: str = "admit"
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -128,6 +134,10 @@ class SLOSpec:
         if self.availability_target is not None and not 0.0 < self.availability_target < 1.0:
             raise SpecError(
                 f"availability_target must be in (0, 1), got {self.availability_target}"
+            )
+        if self.infeasible not in INFEASIBLE_ACTIONS:
+            raise SpecError(
+                f"infeasible must be one of {list(INFEASIBLE_ACTIONS)}, got {self.infeasible!r}"
             )
         object.__setattr__(self, "vantage", _vantage(self.vantage))
 

@@ -51,4 +51,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0006_leader_lease"
+SCHEMA_REVISION = "0007_slo_infeasible"

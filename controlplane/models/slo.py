@@ -33,6 +33,7 @@ class SLO(Base):
             name="availability_target_range",
         ),
         sa.CheckConstraint("window_s > 0", name="window_positive"),
+        sa.CheckConstraint("infeasible IN ('admit', 'reject')", name="infeasible_action"),
         sa.CheckConstraint("version >= 1", name="version_positive"),
         # Unique among live rows only: re-creating a deleted name makes a new SLO.
         sa.Index(
@@ -55,6 +56,11 @@ class SLO(Base):
         enum_type(SLOVantage, "vantage"), default=SLOVantage.GATEWAY
     )
     availability_target: Mapped[float | None] = mapped_column(sa.Float, default=None)
+    #: What admission does with a request it predicts can never meet the TTFT objective,
+    #: even on an idle instance: ``admit`` (best effort, counted apart) or ``reject``.
+    infeasible: Mapped[str] = mapped_column(
+        sa.String(16), default="admit", server_default="admit"
+    )
     version: Mapped[int] = mapped_column(sa.Integer, default=1)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

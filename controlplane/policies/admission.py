@@ -17,6 +17,10 @@ adapter (``serving.sim.control.admission``) calls it too.
   (burn rate > 1) the allowed latency shrinks, so admission sheds earlier and the budget
   recovers: ``margin = max(min_margin_ratio, 1 / (1 + burn_sensitivity·(burn − 1)))``.
   Where several SLOs share a key the tightest wins.
+* **Infeasible requests**: each SLO's ``infeasible`` choice (``"admit"`` or ``"reject"``)
+  travels as is; the gateway calls a request infeasible when its TTFT on an idle instance
+  exceeds the TTFT objective (docs/admission.md). Where several SLOs share a key, one
+  that rejects makes the key reject.
 * **Max decode batch**: the largest batch whose predicted ITL (the learned model at the
   mean context) meets the strictest ITL objective, capped by ``max_decode_batch``.
 * **Classes**: ``critical`` is never shed, ``standard`` may use all the allowed latency,
@@ -123,6 +127,7 @@ def compute_policy(
             itl_s=itl_target_s(spec.objectives),
             burn_rate=burn if burn is not None and math.isfinite(burn) and burn >= 0 else 0.0,
             margin_ratio=margin_ratio(burn, config),
+            infeasible=spec.infeasible,
         )
         key = slo_key(spec)
         other = entries.get(key)
@@ -132,6 +137,8 @@ def compute_policy(
                 itl_s=_min(entry.itl_s, other.itl_s),
                 burn_rate=max(entry.burn_rate, other.burn_rate),
                 margin_ratio=min(entry.margin_ratio, other.margin_ratio),
+                # One SLO that refuses infeasible requests refuses them for its key.
+                infeasible=max(entry.infeasible, other.infeasible),  # "reject" > "admit"
             )
         entries[key] = entry
     itl_targets = [e.itl_s for e in entries.values() if e.itl_s is not None]

@@ -62,6 +62,17 @@ Threshold = Annotated[
 ]
 Ratio = Annotated[float, Interval(0, 1, low_open=True, high_open=True)]
 WindowS = Annotated[int, Interval(MIN_WINDOW_S, MAX_WINDOW_S), Field(description="seconds")]
+#: What admission does with a request it predicts can never meet the TTFT objective, even on
+#: an idle instance (docs/admission.md): ``admit`` it as best effort, counted apart, or
+#: ``reject`` it at once (HTTP 400, no Retry-After: retrying cannot help).
+Infeasible = Annotated[
+    Literal["admit", "reject"],
+    Field(
+        description="what admission does with a request predicted to miss the TTFT "
+        "objective even on an idle instance: admit (best effort, counted apart) or "
+        "reject (400 at once)"
+    ),
+]
 
 
 # One model per metric, so the published discriminator maps each tag to its own schema (a
@@ -134,6 +145,7 @@ class SLOCreate(WireModel):
     window_s: WindowS = 28 * 86_400
     vantage: SLOVantage = SLOVantage.GATEWAY
     availability_target: Ratio | None = None
+    infeasible: Infeasible = "admit"
 
 
 _REQUIRED_ON_CREATE = (
@@ -144,6 +156,7 @@ _REQUIRED_ON_CREATE = (
     "target",
     "window_s",
     "vantage",
+    "infeasible",
 )
 
 
@@ -162,6 +175,7 @@ class SLOUpdate(WireModel):
     window_s: WindowS | None = None
     vantage: SLOVantage | None = None
     availability_target: Ratio | None = None
+    infeasible: Infeasible | None = None
 
     @field_validator(*_REQUIRED_ON_CREATE, mode="before")
     @classmethod
@@ -189,6 +203,8 @@ class SLOPublic(BaseModel):
     window_s: int
     vantage: SLOVantage
     availability_target: float | None
+    #: Version snapshots written before the field existed read as the default.
+    infeasible: Literal["admit", "reject"] = "admit"
     version: int
     created_at: datetime
     updated_at: datetime

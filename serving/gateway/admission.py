@@ -8,8 +8,10 @@ admits everything; the gateway's default is
 policy the control plane pushes (``set_admission_policy`` commands,
 ``exporters.admission.AdmissionPolicy``) and admits everything until the first one arrives.
 
-A request the hook rejects is answered ``429`` with ``Retry-After`` when the decision has
-one, and recorded with status ``REJECTED`` (it counts against the SLO's availability).
+A request the hook rejects is answered with the decision's ``status_code`` (``429`` for
+load, ``400`` for a request that can never meet its SLO's TTFT objective) with
+``Retry-After`` when the decision has one, and recorded with status ``REJECTED`` (it counts
+against the SLO's availability).
 
 Example::
 
@@ -50,7 +52,11 @@ class Decision:
     A rejection by a latency prediction also says which SLO and objective it protects
     (``slo``, ``objective``: ``"ttft"``, ``"itl"`` or ``"concurrency"``), the predicted and
     the allowed value (``predicted``, ``allowed``: seconds, or requests for
-    ``"concurrency"``); ``reason`` spells the same out for people.
+    ``"concurrency"``); ``reason`` spells the same out for people. ``status_code`` and
+    ``error_type`` are the HTTP status and the body's ``type``: ``429``/``rate_limited``
+    for load (retry later), ``400``/``infeasible_request`` for a request predicted to miss
+    its SLO's TTFT objective even on an idle instance (``infeasible``: no retry helps, so
+    no ``retry_after_s``).
     """
 
     admit: bool
@@ -60,15 +66,19 @@ class Decision:
     objective: str = ""
     predicted: float | None = None
     allowed: float | None = None
+    status_code: int = 429
+    error_type: str = "rate_limited"
+    infeasible: bool = False
 
     def detail(self) -> dict[str, object]:
-        """The fields a rejection sets, for the 429 body (beside ``message``)."""
-        fields = (
+        """The fields a rejection sets, for the error body (beside ``message``)."""
+        fields: tuple[tuple[str, object], ...] = (
             ("slo", self.slo),
             ("objective", self.objective),
             ("predicted", self.predicted),
             ("allowed", self.allowed),
             ("retry_after_s", self.retry_after_s),
+            ("infeasible", self.infeasible or None),
         )
         return {key: value for key, value in fields if value not in ("", None)}
 

@@ -16,6 +16,18 @@ Modes (``mode()``, exported as ``goodput_gateway_admission_mode{mode}``):
 
 The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` prompt tokens:
 
+0. **infeasible requests** first: its TTFT on an idle instance, ``p`` ÷ the fastest prefill
+   rate + the KV handoff (no queue), against the SLO's TTFT objective itself (no margin,
+   no headroom: those make room under load, and an idle instance has none to make). Above
+   it the request can never meet the objective, whatever the load: where the SLO's
+   ``infeasible`` is ``"reject"`` it is refused at once (``400``, type
+   ``infeasible_request``, no ``Retry-After``: retrying cannot help), otherwise (``"admit"``,
+   the default, and always for a never-shed class) admitted as best effort without being
+   judged against the load. Either way it is counted apart
+   (``goodput_gateway_admission_infeasible_total{slo,action}``), never as a rejection for
+   load, and it takes no part in the availability floor or the room kept for never-shed
+   traffic;
+
 1. TTFT = (queued prompt tokens on the least-loaded prefill instance + ``p``) ÷ that
    instance's prefill rate + the KV handoff time;
 2. the decode load when its prefill finishes, ``Δ`` = that TTFT from now (Mooncake's
@@ -82,7 +94,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, prompt_class
+from exporters.admission import (
+    AdmissionModel,
+    AdmissionPolicy,
+    ClassPolicy,
+    SLOAdmission,
+    prompt_class,
+)
 from exporters.buckets import LATENCY_BUCKETS_S
 from exporters.records import RequestRecord, Status
 from serving.gateway.admission import ADMIT, Decision, RequestInfo
@@ -241,6 +259,10 @@ class PolicyAdmission:
         self.num_floor_admitted = 0  # refusals the availability floor overturned
         self.availability = ClassAvailability()
         self.never_shed = TokenRate()  # prompt tokens/s of the classes never shed
+        self.num_infeasible = {"admit": 0, "reject": 0}  # infeasible requests, by action
+        self._fastest_rate = 0.0  # the policy model's fastest prefill rate (0: no model)
+        self._infeasible_total: Counter | None = None
+        self._infeasible_children: dict[tuple[str, str], object] = {}
         self._rejections: Counter | None = None
         self._rejection_children: dict[tuple[str, str], object] = {}
         self._ttft: Histogram | None = None
@@ -263,6 +285,14 @@ class PolicyAdmission:
                 ("priority", "reason"),
                 registry=registry,
             )
+            self._infeasible_total = Counter(
+                "goodput_gateway_admission_infeasible",
+                "Requests predicted to miss their SLO's TTFT objective even on an idle "
+                "instance, by SLO (other: not in the policy) and action (admit: served as "
+                "best effort; reject: refused at once with 400). Not load shedding.",
+                ("slo", "action"),
+                registry=registry,
+            )
             registry.register(_ModeCollector(self))
 
     # -- the policy ---------------------------------------------------------------------
@@ -278,6 +308,8 @@ class PolicyAdmission:
             )
         self.policy = policy
         self.applied_s = self.clock_s()
+        model = policy.model
+        self._fastest_rate = 0.0 if model is None else model.fastest_prefill_rate()
         self._weight_sum = sum(self._weight(t) for t, n in self._tenants.items() if n > 0)
         return f"admission policy version {policy.version} applied (ttl {policy.ttl_s:g} s)"
 
@@ -301,14 +333,24 @@ class PolicyAdmission:
         cls = -1
         if policy is not None:
             now_s = self.clock_s()
+            in_force = now_s - self.applied_s <= policy.ttl_s
+            model = policy.model if in_force else None
+            rules = policy.classes.get(info.priority)
+            if model is not None and self._fastest_rate > 0:
+                idle_s = info.prompt_tokens / self._fastest_rate + model.kv_handoff_s
+                slo = policy.slos.get(info.slo)
+                objective_s = slo.ttft_s if slo is not None else None
+                if objective_s is None:
+                    objective_s = (rules or _DEFAULT_CLASS).ttft_s
+                if objective_s is not None and idle_s > objective_s:
+                    return self._infeasible(
+                        policy, model, info, rules, slo, idle_s=idle_s, objective_s=objective_s
+                    )
             if policy.prompt_class_bounds and policy.availability_floor > 0:
                 cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
                 self.availability.offer(cls, now_s)
-            rules = policy.classes.get(info.priority)
             if rules is not None and not rules.sheddable:
                 self.never_shed.add(info.prompt_tokens, now_s)
-            in_force = now_s - self.applied_s <= policy.ttl_s
-            model = policy.model if in_force else None
             ttft_s = None if model is None else self._ttft_s(model, info)
             decision = self._judge(policy, info, now_s, ttft_s, cls)
             if not decision.admit:
@@ -324,6 +366,56 @@ class PolicyAdmission:
                 self._keep_prediction(policy, info, ttft_s)
         if cls >= 0:
             self.availability.admit(cls)
+        self._admitted(info.tenant)
+        return ADMIT
+
+    def _infeasible(
+        self,
+        policy: AdmissionPolicy,
+        model: AdmissionModel,
+        info: RequestInfo,
+        rules: ClassPolicy | None,
+        slo: SLOAdmission | None,
+        *,
+        idle_s: float,
+        objective_s: float,
+    ) -> Decision:
+        """Step 0 of the module docstring: a request predicted to miss the TTFT objective
+        on an idle instance. Rejected at once (``400``, no ``Retry-After``) where its SLO
+        says ``reject`` and its class may be shed; otherwise admitted without being judged
+        against the load. Either way counted in ``num_infeasible`` and
+        ``goodput_gateway_admission_infeasible_total{slo,action}``, never as a rejection
+        for load, and left out of the availability floor's counts and of the room kept for
+        never-shed traffic (no room can make it meet the objective)."""
+        never_shed = rules is not None and not rules.sheddable
+        reject = slo is not None and slo.infeasible == "reject" and not never_shed
+        action = "reject" if reject else "admit"
+        self.num_infeasible[action] += 1
+        if self._infeasible_total is not None:
+            key = (info.slo if slo is not None else "other", action)
+            child = self._infeasible_children.get(key)
+            if child is None:
+                child = self._infeasible_children[key] = self._infeasible_total.labels(*key)
+            child.inc()  # type: ignore[attr-defined]
+        if reject:
+            return Decision(
+                False,
+                f"slo {info.slo!r}: infeasible request: predicted TTFT on an idle instance "
+                f"{idle_s:.3f} s > objective {objective_s:g} s ({info.prompt_tokens} prompt "
+                f"tokens at {self._fastest_rate:.0f} tokens/s + {model.kv_handoff_s:.3f} s KV "
+                f"hand-off; policy v{policy.version}); the SLO rejects requests it can never "
+                "serve in time, so retrying will not help: shorten the prompt",
+                None,
+                info.slo,
+                "ttft",
+                idle_s,
+                objective_s,
+                status_code=400,
+                error_type="infeasible_request",
+                infeasible=True,
+            )
+        if self._ttft is not None:
+            self._keep_prediction(policy, info, self._ttft_s(model, info))
         self._admitted(info.tenant)
         return ADMIT
 
