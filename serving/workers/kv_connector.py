@@ -139,12 +139,14 @@ class AtomicExampleConnector(ExampleConnector):
         self._saving = True
         try:
             for request in stores:
+                self._current_final = ""
                 start_ts = time.perf_counter()
                 with self._only(request):
                     super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
                 elapsed_s = time.perf_counter() - start_ts
-                final = self._current_final
-                self._save_s[final] = self._save_s.get(final, 0.0) + elapsed_s
+                final = self._current_final  # set by _generate_filename_debug
+                if final:
+                    self._save_s[final] = self._save_s.get(final, 0.0) + elapsed_s
         finally:
             self._saving = False
 
