@@ -1,10 +1,14 @@
-"""Dependency aliases for route signatures: the request's session, the caller's role, the
-live goodput runtime, and the app-wide query rule (:func:`strict_query`).
+"""Dependency aliases for route signatures: the request's session, the caller's role, what
+the app holds for the routes (settings, the live goodput runtime, the overview's shared
+rows, the planner, the database engine, the metrics registry), and the app-wide query rule
+(:func:`strict_query`). Routes read the app's state only through these.
 
 ``SessionDep`` is one transaction per request: committed when the handler returns, rolled
 back when it raises. Its scope is ``"function"`` so the commit happens *before* the response
 is sent; a failing commit is then an error response, never a 2xx for a lost write.
-``LiveDep`` is the runtime once its SLO set is loaded (503 before). Declare the role first:
+``LiveDep`` is the runtime once its SLO set is loaded (503 before); ``LiveRuntimeDep`` is
+the runtime as it is, for routes that answer before the load (health, a dry run) or report
+it their own way (OTLP). Declare the role first:
 dependencies run in order, so an unauthenticated caller gets its 401 before anything else.
 """
 
@@ -17,12 +21,15 @@ from typing import Annotated, Union, get_args, get_origin
 
 from fastapi import Depends, Request
 from fastapi.dependencies.utils import get_flat_dependant
-from sqlalchemy.ext.asyncio import AsyncSession
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane.api.auth import Principal, require
 from controlplane.errors import ForbiddenError, InvalidInputError, UnavailableError
 from controlplane.models import Role
 from controlplane.runtime.live import LiveGoodput
+from controlplane.runtime.planner import PlannerRuntime
+from controlplane.runtime.summary import SharedSummary
 from controlplane.settings import Settings
 
 __all__ = [
@@ -30,14 +37,24 @@ __all__ = [
     "Agent",
     "ClusterOperator",
     "ClusterViewer",
+    "DatabaseDep",
     "Ingest",
     "LiveDep",
+    "LiveRuntimeDep",
     "Operator",
+    "PlannerDep",
+    "RegistryDep",
     "SessionDep",
     "SettingsDep",
+    "SummaryDep",
     "Viewer",
+    "get_database",
+    "get_live",
+    "get_planner",
+    "get_registry",
     "get_session",
     "get_settings",
+    "get_summary",
     "loaded_live",
     "strict_query",
 ]
@@ -95,16 +112,42 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         yield session
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-async def loaded_live(request: Request) -> LiveGoodput:
+async def get_database(request: Request) -> AsyncEngine:
+    """The app's database engine (``/health/ready`` checks the connection and schema)."""
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+async def get_registry(request: Request) -> CollectorRegistry:
+    """The app's metrics registry (never the process-global one)."""
+    registry: CollectorRegistry = request.app.state.metrics_registry
+    return registry
+
+
+async def get_planner(request: Request) -> PlannerRuntime | None:
+    """The PD planner's runtime, ``None`` when the planner is disabled or not started."""
+    planner: PlannerRuntime | None = getattr(request.app.state, "planner", None)
+    return planner
+
+
+async def get_live(request: Request) -> LiveGoodput:
+    """The live goodput runtime, loaded or not (:func:`loaded_live` waits for the load)."""
+    live: LiveGoodput = request.app.state.live
+    return live
+
+
+LiveRuntimeDep = Annotated[LiveGoodput, Depends(get_live)]
+
+
+async def loaded_live(live: LiveRuntimeDep) -> LiveGoodput:
     """The live goodput runtime once it has loaded the SLO set (it tries now if it has not):
     until then a 503 naming the reason, with ``Retry-After``, so exporters keep their
     batches and resend them rather than have them counted against no SLO."""
-    live: LiveGoodput = request.app.state.live
     if not await live.ensure_loaded():
         raise UnavailableError(
             f"the goodput engine has not loaded the SLO set yet ({live.load_error}); retry later",
@@ -113,9 +156,24 @@ async def loaded_live(request: Request) -> LiveGoodput:
     return live
 
 
-SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 LiveDep = Annotated[LiveGoodput, Depends(loaded_live)]
+
+
+async def get_summary(request: Request, live: LiveDep) -> SharedSummary:
+    """The overview's rows, shared by every request and stream of the app (one per live
+    runtime: a new one when the app's lifespan starts a new runtime)."""
+    shared: SharedSummary | None = getattr(request.app.state, "goodput_summary", None)
+    if shared is None or shared.live is not live:
+        shared = request.app.state.goodput_summary = SharedSummary(live)
+    return shared
+
+
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+DatabaseDep = Annotated[AsyncEngine, Depends(get_database)]
+RegistryDep = Annotated[CollectorRegistry, Depends(get_registry)]
+PlannerDep = Annotated[PlannerRuntime | None, Depends(get_planner)]
+SummaryDep = Annotated[SharedSummary, Depends(get_summary)]
 
 
 def _cluster_wide(role: Role) -> Callable[[Principal], Awaitable[Principal]]:

@@ -8,15 +8,20 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Request, Response, status
+from fastapi import APIRouter, Body, Query, Response, status
 
-from controlplane.api.deps import ClusterOperator, ClusterViewer, SessionDep
+from controlplane.api.deps import (
+    ClusterOperator,
+    ClusterViewer,
+    PlannerDep,
+    SessionDep,
+    SettingsDep,
+)
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
 from controlplane.errors import ConflictError, UnavailableError
 from controlplane.models import MoveState, PoolRole, RoleMove
-from controlplane.runtime.planner import PlannerRuntime
 from controlplane.schemas.automation import (
     AutomationPublic,
     AutomationStatus,
@@ -41,22 +46,16 @@ MemberFilter = Annotated[
 ]
 
 
-def _planner(request: Request) -> PlannerRuntime | None:
-    runtime: PlannerRuntime | None = getattr(request.app.state, "planner", None)
-    return runtime
-
-
 @router.get("")
 async def read_automation(
-    _: ClusterViewer, session: SessionDep, request: Request
+    _: ClusterViewer, session: SessionDep, runtime: PlannerDep, settings: SettingsDep
 ) -> AutomationStatus:
     """The planner's switch, whether its loop runs here, the pins, the moves in progress and
     what the last tick did."""
-    runtime = _planner(request)
     return AutomationStatus(
         planner=service.automation_public(await service.get_state(session)),
         enabled=runtime is not None,
-        interval_s=request.app.state.settings.planner_interval_s,
+        interval_s=settings.planner_interval_s,
         pins=[PinPublic.model_validate(p) for p in await service.list_pins(session)],
         open_moves=await service.count_open_moves(session),
         last_tick=None if runtime is None else runtime.last_tick,
@@ -153,7 +152,7 @@ async def read_move(_: ClusterViewer, session: SessionDep, move_id: uuid.UUID) -
 async def create_move(
     principal: ClusterOperator,
     session: SessionDep,
-    request: Request,
+    settings: SettingsDep,
     response: Response,
     body: Annotated[MoveCreate, Body()],
 ) -> MovePublic:
@@ -175,7 +174,6 @@ async def create_move(
     member = await get_member(session, body.member_id)
     if member.role.value == body.role.value:
         raise ConflictError(f"fleet member {member.id!r} already has role {body.role.value!r}")
-    settings = request.app.state.settings
     timings = service.MoveTimings(
         ttl_s=settings.planner_command_ttl_s,
         drain_timeout_s=settings.planner_drain_timeout_s,
@@ -204,10 +202,9 @@ async def create_move(
 
 
 @router.post("/tick", responses=responses(503))
-async def tick(_: ClusterOperator, request: Request) -> TickPublic:
+async def tick(_: ClusterOperator, runtime: PlannerDep) -> TickPublic:
     """Run one planner tick now (what the loop does every ``planner_interval_s``); 503 when
     the planner is disabled in this control plane."""
-    runtime = _planner(request)
     if runtime is None:
         raise UnavailableError("the planner is disabled here (GOODPUT_PLANNER_ENABLED=false)")
     return await runtime.tick()

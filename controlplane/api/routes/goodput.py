@@ -26,12 +26,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import LiveDep, SessionDep, Viewer
+from controlplane.api.deps import LiveDep, LiveRuntimeDep, SessionDep, SettingsDep, Viewer
 from controlplane.api.routes._params import Ref
 from controlplane.errors import ForbiddenError, InvalidInputError, NotFoundError
 from controlplane.goodput import (
@@ -156,11 +156,6 @@ def _window(window: str) -> str:
     return window
 
 
-def _live(request: Request) -> LiveGoodput:
-    live: LiveGoodput = request.app.state.live
-    return live
-
-
 def _visible(selector: Mapping[str, str], tenant: str | None) -> bool:
     return tenant is None or selector.get("tenant") == tenant
 
@@ -200,7 +195,7 @@ async def all_goodput(
 
 
 @router.post("/slos:dry-run", responses=responses(403))
-async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> SLODryRunPublic:
+async def dry_run(principal: Viewer, live: LiveRuntimeDep, body: SLODryRun) -> SLODryRunPublic:
     """What the candidate SLO would have measured over the last ``window_s`` seconds."""
     candidate = body.slo
     selector = candidate.selector.model_dump(exclude_none=True)
@@ -223,7 +218,7 @@ async def dry_run(principal: Viewer, request: Request, body: SLODryRun) -> SLODr
     )
     try:
         spec = slo_service.to_spec(row)
-        stats = await run_in_threadpool(_live(request).engine.dry_run, spec, body.window_s)
+        stats = await run_in_threadpool(live.engine.dry_run, spec, body.window_s)
     except SpecError as exc:
         raise InvalidInputError(str(exc), loc=("body", "slo")) from None
     return SLODryRunPublic(
@@ -262,10 +257,12 @@ async def _events(live: LiveGoodput, tenant: str | None, interval_s: float) -> A
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
 )
-async def goodput_stream(principal: Viewer, live: LiveDep, request: Request) -> StreamingResponse:
+async def goodput_stream(
+    principal: Viewer, live: LiveDep, settings: SettingsDep
+) -> StreamingResponse:
     """``event: goodput`` once a second: ``{"time", "slos": [{"slo_id", "slo_name",
     "windows": {"10s": stats, "1m": stats, "5m": stats}}]}``."""
-    interval_s: float = request.app.state.settings.goodput_stream_interval_s
+    interval_s = settings.goodput_stream_interval_s
     return StreamingResponse(
         _events(live, principal.tenant, interval_s),
         media_type="text/event-stream",

@@ -9,17 +9,11 @@
   rows changed since that summary), then one per ``goodput_stream_interval_s`` with only
   the rows that changed (``order`` is sent when the order changed).
 
-``status`` follows the multiwindow burn-rate alerts of the SRE workbook: ``critical`` when
-the 1 h and 5 min burn rates are both at least 14.4 (2 % of a 30-day budget in an hour) or
-the budget is spent; ``warning`` when the 6 h and 30 min burn rates are both at least 6;
-``no_data`` when nothing was judged in 6 h; ``ok`` otherwise. The server decides it, so
-every client shows the same.
-
-Cheap by construction: no latency sketch is read (counts only), the four windows are one
-pass over the engine's counters, the sparklines one read of its per-minute counters, and
-every request and stream shares one computation of all rows per
-``goodput_stream_interval_s`` (1 s): the rows are at most two intervals old on the first
-read, one on the stream, and ``time`` says when they were computed.
+The rows, their ``status`` (the SRE workbook's multiwindow burn-rate alerts) and their
+sharing are :mod:`controlplane.runtime.summary`'s: every request and stream shares one
+computation of all rows per ``goodput_stream_interval_s`` (1 s): the rows are at most two
+intervals old on the first read, one on the stream, and ``time`` says when they were
+computed.
 """
 
 from __future__ import annotations
@@ -27,243 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import LiveDep, Viewer
+from controlplane.api.deps import SettingsDep, SummaryDep, Viewer
 from controlplane.api.routes._params import FilterText
-from controlplane.goodput import GoodputEngine, GoodputStats, SLOSpec
 from controlplane.models import SLOVantage
-from controlplane.runtime.live import LiveGoodput
+from controlplane.runtime.summary import SharedSummary, SummaryFilter
+from controlplane.schemas.goodput import GoodputSummaryPublic
 
-__all__ = [
-    "BURN_WINDOWS",
-    "SPARK_MINUTES",
-    "GoodputSummaryPublic",
-    "SummaryFilter",
-    "SummaryRow",
-    "build_rows",
-    "compute_summary",
-    "router",
-    "sparklines",
-]
+__all__ = ["router", "summary_filter"]
 
 router = APIRouter(tags=["goodput"])
-
-#: Burn-rate windows of each row, in seconds.
-BURN_WINDOWS: dict[str, float] = {"5m": 300.0, "30m": 1800.0, "1h": 3600.0, "6h": 21600.0}
-FAST_BURN, SLOW_BURN = 14.4, 6.0
-#: Complete minutes in the sparkline (goodput, good requests per second, oldest first).
-SPARK_MINUTES = 15
-#: Computations kept for streams that start from rows a client holds (one per second).
-KEPT_COMPUTATIONS = 5
-_STATUS_RANK = {"critical": 0, "warning": 1, "ok": 2, "no_data": 3}
-
-
-class SummaryRow(BaseModel):
-    """One SLO as the overview shows it (rates and ratios over 5 min unless named)."""
-
-    slo_id: str
-    slo_name: str
-    model: str | None
-    tenant: str | None
-    vantage: str
-    target: float
-    goodput_rps: float
-    throughput_rps: float
-    attainment_ratio: float | None
-    availability_ratio: float | None
-    burn_rate_5m: float | None
-    burn_rate_30m: float | None
-    burn_rate_1h: float | None
-    burn_rate_6h: float | None
-    error_budget_remaining_ratio: float
-    status: str
-    spark: list[float]
-
-
-class GoodputSummaryPublic(BaseModel):
-    time: float
-    data: list[SummaryRow]
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryFilter:
-    """Exact matches on the SLO's selector labels and vantage; ``scope`` is the key's tenant."""
-
-    model: str | None = None
-    tenant: str | None = None
-    vantage: str | None = None
-    scope: str | None = None
-
-    def admits(self, row: SummaryRow) -> bool:
-        return (
-            (self.scope is None or row.tenant == self.scope)
-            and (self.model is None or row.model == self.model)
-            and (self.tenant is None or row.tenant == self.tenant)
-            and (self.vantage is None or row.vantage == self.vantage)
-        )
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.4g}")
-
-
-def _ratio(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
-
-
-def _status(burn: dict[str, float | None], budget: float, judged_6h: int) -> str:
-    if judged_6h == 0:
-        return "no_data"
-
-    def over(window: str, threshold: float) -> bool:
-        value = burn[window]
-        return value is not None and value >= threshold
-
-    if budget <= 0 or (over("1h", FAST_BURN) and over("5m", FAST_BURN)):
-        return "critical"
-    if over("6h", SLOW_BURN) and over("30m", SLOW_BURN):
-        return "warning"
-    return "ok"
-
-
-def _sort_key(row: SummaryRow) -> tuple[int, float, str]:
-    burn = row.burn_rate_1h if row.burn_rate_1h is not None else -1.0
-    return (_STATUS_RANK[row.status], -burn, row.slo_name)
-
-
-def sparklines(engine: GoodputEngine, now: float) -> dict[str, list[float]]:
-    """Every SLO's goodput (good requests per second) in each of the last
-    ``SPARK_MINUTES`` complete minutes, oldest first, from the engine's minute counters."""
-    current = math.floor(now) // 60
-    good = engine.good_per_minute(current - SPARK_MINUTES, current - 1)
-    return {slo_id: [_round(n / 60.0) for n in counts] for slo_id, counts in good.items()}
-
-
-def build_rows(
-    specs: Iterable[SLOSpec],
-    by_window: Mapping[str, Mapping[str, GoodputStats]],
-    spark: Mapping[str, list[float]],
-) -> list[SummaryRow]:
-    """The rows of ``specs`` from their stats per window of ``BURN_WINDOWS`` (by SLO id)
-    and sparklines, most burning first; an SLO missing from a window is left out (the SLO
-    set changed between the reads: it comes back next time)."""
-    rows = []
-    for spec in specs:
-        stats = {name: by_window[name].get(spec.id) for name in BURN_WINDOWS}
-        short, long = stats["5m"], stats["6h"]
-        if short is None or long is None or any(s is None for s in stats.values()):
-            continue
-        burn = {name: _ratio(s.burn_rate) for name, s in stats.items() if s is not None}
-        rows.append(
-            SummaryRow(
-                slo_id=spec.id,
-                slo_name=spec.name,
-                model=spec.selector.get("model"),
-                tenant=spec.selector.get("tenant"),
-                vantage=spec.vantage.name.lower(),
-                target=spec.target,
-                goodput_rps=_round(short.goodput_rps),
-                throughput_rps=_round(short.throughput_rps),
-                attainment_ratio=_ratio(short.attainment_ratio),
-                availability_ratio=_ratio(short.availability_ratio),
-                burn_rate_5m=burn["5m"],
-                burn_rate_30m=burn["30m"],
-                burn_rate_1h=burn["1h"],
-                burn_rate_6h=burn["6h"],
-                error_budget_remaining_ratio=round(short.error_budget_remaining_ratio, 6),
-                status=_status(burn, short.error_budget_remaining_ratio, long.requests),
-                spark=spark.get(spec.id, [0.0] * SPARK_MINUTES),
-            )
-        )
-    rows.sort(key=_sort_key)
-    return rows
-
-
-def compute_summary(engine: GoodputEngine, now: float) -> list[SummaryRow]:
-    """Every SLO's row, most burning first (run it on a worker thread): one pass over the
-    engine's counters for the four windows, one read of its minute counters."""
-    windows = engine.summaries(BURN_WINDOWS, now)
-    by_window = {name: {s.slo_id: s for s in stats} for name, stats in windows.items()}
-    return build_rows(engine.slos, by_window, sparklines(engine, now))
-
-
-#: A computation's time and the rows a filter admits, each with its JSON.
-_Rows = tuple[float, list[tuple[SummaryRow, str]]]
-
-
-@dataclass(frozen=True, slots=True)
-class _Computed:
-    """One computation: when (monotonic and engine time), the rows, each row's JSON."""
-
-    at_ts: float
-    time: float
-    rows: list[SummaryRow]
-    encoded: list[str]
-
-    def admitted(self, where: SummaryFilter) -> list[tuple[SummaryRow, str]]:
-        return [(r, e) for r, e in zip(self.rows, self.encoded, strict=True) if where.admits(r)]
-
-
-def _compute(engine: GoodputEngine, now: float) -> _Computed:
-    rows = compute_summary(engine, now)
-    return _Computed(time.monotonic(), now, rows, [r.model_dump_json() for r in rows])
-
-
-class _SharedSummary:
-    """The rows of every SLO, computed (and encoded as JSON) at most once per ``max_age_s``
-    however many requests and streams read them; each keeps the rows its filter admits. The
-    last ``KEPT_COMPUTATIONS`` are kept by time, so that a stream can start from the rows a
-    client already has (:meth:`at`)."""
-
-    def __init__(self, live: LiveGoodput) -> None:
-        self.live = live
-        self._recent: deque[_Computed] = deque(maxlen=KEPT_COMPUTATIONS)
-        self._lock = asyncio.Lock()
-
-    def _fresh(self, max_age_s: float) -> _Computed | None:
-        latest = self._recent[-1] if self._recent else None
-        if latest is None or time.monotonic() - latest.at_ts >= max_age_s:
-            return None
-        return latest
-
-    async def rows(self, where: SummaryFilter, max_age_s: float) -> _Rows:
-        # A fresh enough computation is served at once, even while another one runs.
-        latest = self._fresh(max_age_s)
-        if latest is None:
-            async with self._lock:
-                latest = self._fresh(max_age_s)
-                if latest is None:
-                    now = self.live.clock()
-                    latest = await run_in_threadpool(_compute, self.live.engine, now)
-                    self._recent.append(latest)
-        return latest.time, latest.admitted(where)
-
-    def at(self, computed_time: float, where: SummaryFilter) -> list[tuple[SummaryRow, str]] | None:
-        """The rows ``where`` admits of the computation at ``computed_time`` (the ``time``
-        of an answer or the ``id`` of an event), or ``None`` when it is no longer kept."""
-        for computed in self._recent:
-            if computed.time == computed_time:
-                return computed.admitted(where)
-        return None
-
-
-def _shared(request: Request, live: LiveGoodput) -> _SharedSummary:
-    shared: _SharedSummary | None = getattr(request.app.state, "goodput_summary", None)
-    if shared is None or shared.live is not live:
-        shared = request.app.state.goodput_summary = _SharedSummary(live)
-    return shared
-
 
 VantageFilter = Annotated[SLOVantage | None, Query(description="gateway or engine")]
 
@@ -283,12 +55,14 @@ SummaryFilterDep = Annotated[SummaryFilter, Depends(summary_filter)]
 
 
 @router.get("/goodput/summary", response_model=GoodputSummaryPublic)
-async def goodput_summary(where: SummaryFilterDep, live: LiveDep, request: Request) -> Response:
+async def goodput_summary(
+    where: SummaryFilterDep, summary: SummaryDep, settings: SettingsDep
+) -> Response:
     """Every visible SLO's overview row, most burning first (see the module). Rows up to
     two stream intervals old are served as they are: a page's stream (``since=time``) then
     brings them up to date with its first event."""
-    interval_s: float = request.app.state.settings.goodput_stream_interval_s
-    now, rows = await _shared(request, live).rows(where, max_age_s=2 * interval_s)
+    interval_s = settings.goodput_stream_interval_s
+    now, rows = await summary.rows(where, max_age_s=2 * interval_s)
     data = ",".join(e for _, e in rows)  # each row encoded once per computation
     body = f'{{"time":{json.dumps(now)},"data":[{data}],"count":{len(rows)}}}'
     return Response(body, media_type="application/json")
@@ -310,7 +84,7 @@ def _event(now: float, changed: list[str], full: bool, order: list[str] | None) 
 
 
 async def _summary_events(
-    shared: _SharedSummary, where: SummaryFilter, interval_s: float, since: float | None
+    shared: SharedSummary, where: SummaryFilter, interval_s: float, since: float | None
 ) -> AsyncIterator[str]:
     yield f"retry: {int(interval_s * 3000)}\n\n"
     known = None if since is None else shared.at(since, where)
@@ -337,8 +111,8 @@ async def _summary_events(
 )
 async def goodput_summary_stream(
     where: SummaryFilterDep,
-    live: LiveDep,
-    request: Request,
+    summary: SummaryDep,
+    settings: SettingsDep,
     since: Annotated[float | None, Query(description="time of rows already held")] = None,
     last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> StreamingResponse:
@@ -346,10 +120,10 @@ async def goodput_summary_stream(
     rows], "order"?: [ids]}``. ``since`` (the ``time`` of a summary the client holds) or a
     reconnecting browser's ``Last-Event-ID`` starts the stream with only what changed since
     then, while those rows are still kept (a few seconds); otherwise every row, ``full``."""
-    interval_s: float = request.app.state.settings.goodput_stream_interval_s
+    interval_s = settings.goodput_stream_interval_s
     resume = _as_time(last_event_id)
     return StreamingResponse(
-        _summary_events(_shared(request, live), where, interval_s, resume or since),
+        _summary_events(summary, where, interval_s, resume or since),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

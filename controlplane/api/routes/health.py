@@ -12,13 +12,14 @@ import logging
 from typing import Annotated, Literal
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.auth import Principal, require
+from controlplane.api.deps import DatabaseDep, LiveRuntimeDep, SettingsDep
 from controlplane.errors import UnavailableError, describe_error
 from controlplane.models import SCHEMA_REVISION, Role
-from controlplane.runtime.live import LiveGoodput
 from controlplane.schemas.common import ErrorPublic, responses
 
 __all__ = ["router"]
@@ -51,8 +52,8 @@ async def health(_: HealthGuard) -> HealthPublic:
     return HealthPublic(status="ok")
 
 
-async def _schema_revision(request: Request) -> str | None:
-    async with request.app.state.engine.connect() as conn:
+async def _schema_revision(database: AsyncEngine) -> str | None:
+    async with database.connect() as conn:
         try:
             revision = await conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
             return None if revision is None else str(revision)
@@ -67,11 +68,12 @@ async def _schema_revision(request: Request) -> str | None:
     "/ready",
     responses={**responses(401, 403), 503: {"model": ErrorPublic, "description": "Not ready"}},
 )
-async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
-    settings = request.app.state.settings
-    dialect = request.app.state.engine.dialect.name
+async def ready(
+    _: HealthGuard, settings: SettingsDep, database: DatabaseDep, live: LiveRuntimeDep
+) -> ReadyPublic:
+    dialect = database.dialect.name
     try:
-        revision = await asyncio.wait_for(_schema_revision(request), settings.ready_timeout_s)
+        revision = await asyncio.wait_for(_schema_revision(database), settings.ready_timeout_s)
     except TimeoutError:
         raise UnavailableError(
             f"not ready: database did not answer within {settings.ready_timeout_s} s"
@@ -87,7 +89,6 @@ async def ready(_: HealthGuard, request: Request) -> ReadyPublic:
             f"not ready: database schema is at revision {revision!r}, this control plane "
             f"needs {SCHEMA_REVISION!r}; run `goodput db upgrade`"
         )
-    live: LiveGoodput = request.app.state.live
     try:  # the attempt goes on if the probe gives up waiting (ensure_loaded shields it)
         loaded = await asyncio.wait_for(live.ensure_loaded(), settings.ready_timeout_s)
     except TimeoutError:

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import Ingest, LiveDep
+from controlplane.api.deps import Ingest, LiveDep, SettingsDep
 from controlplane.errors import (
     ConflictError,
     ForbiddenError,
@@ -125,9 +125,11 @@ def _wire_error(exc: WireError) -> Exception:
     responses={**BAD_REQUEST, **responses(409, 413, 415)},
     openapi_extra=_BODY_DOC,
 )
-async def ingest(principal: Ingest, live: LiveDep, request: Request) -> IngestResultPublic:
+async def ingest(
+    principal: Ingest, live: LiveDep, settings: SettingsDep, request: Request
+) -> IngestResultPublic:
     """Apply one record batch, once per ``(exporter_id, seq)``."""
-    max_bytes: int = request.app.state.settings.max_ingest_bytes
+    max_bytes = settings.max_ingest_bytes
     ingestor: Ingestor = live.ingestor
     headers = request.headers
     try:

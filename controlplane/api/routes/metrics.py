@@ -1,7 +1,7 @@
 """``GET /metrics``: the app's Prometheus registry in the text (or OpenMetrics) format.
 
 Open when ``open_metrics`` is true (the default, for Prometheus), else ``viewer``. The
-registry belongs to the app (``app.state.metrics_registry``, never the process-global one):
+registry belongs to the app (``RegistryDep``, never the process-global one):
 the goodput engine's collector (``goodput_requests_total``, ``goodput_burn_rate``, …, see
 ``controlplane.goodput.collector``), ingest counters (``goodput_ingest_*``), the runtime's
 rollup counters and the process/platform collectors. Collection runs in a worker thread:
@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.auth import Principal, require
+from controlplane.api.deps import RegistryDep
 from controlplane.models import Role
 from controlplane.schemas.common import responses
 
@@ -38,9 +38,8 @@ MetricsGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="o
         },
     },
 )
-async def metrics(_: MetricsGuard, request: Request) -> Response:
+async def metrics(_: MetricsGuard, registry: RegistryDep, request: Request) -> Response:
     """Every metric of the app's registry, encoded as the scraper's ``Accept`` asks."""
-    registry: CollectorRegistry = request.app.state.metrics_registry
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     body = await run_in_threadpool(encoder, registry)
     return Response(body, media_type=content_type)

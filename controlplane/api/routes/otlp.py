@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request, Response
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import Ingest
+from controlplane.api.deps import Ingest, LiveRuntimeDep, SettingsDep
 from controlplane.errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from controlplane.ingest import (
     IngestFailedError,
@@ -36,7 +36,6 @@ from controlplane.ingest import (
     rpc_status,
 )
 from controlplane.ingest.otlp_codec import CONTENT_TYPE_JSON, CONTENT_TYPE_PROTOBUF, media_type
-from controlplane.runtime.live import LiveGoodput
 from controlplane.schemas.common import responses
 
 __all__ = ["router"]
@@ -134,9 +133,10 @@ def _map(body: bytes, content_type: str) -> SpanMapping:
 
 
 @router.post("/v1/traces", response_class=Response, responses=_RESPONSES, openapi_extra=_OTLP_BODY)
-async def export_traces(principal: Ingest, request: Request) -> Response:
+async def export_traces(
+    principal: Ingest, live: LiveRuntimeDep, settings: SettingsDep, request: Request
+) -> Response:
     """Receive OTLP spans; ``llm_request`` spans become request records."""
-    live: LiveGoodput = request.app.state.live
     ingestor = live.ingestor
     content_type = request.headers.get("content-type", "")
     if not await live.ensure_loaded():
@@ -152,7 +152,7 @@ async def export_traces(principal: Ingest, request: Request) -> Response:
             request.stream(),
             content_length=request.headers.get("content-length"),
             content_encoding=request.headers.get("content-encoding"),
-            max_bytes=request.app.state.settings.max_ingest_bytes,
+            max_bytes=settings.max_ingest_bytes,
         )
     except (PayloadTooLargeError, UnsupportedMediaTypeError, MalformedBodyError) as exc:
         ingestor.count_rejected("otlp")

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from controlplane import openslo
-from controlplane.api.deps import Operator, SessionDep, Viewer
+from controlplane.api.deps import Operator, SessionDep, SettingsDep, Viewer
 from controlplane.api.routes._params import FilterText, Limit, Offset, Ref
 from controlplane.db import utcnow
 from controlplane.errors import (
@@ -113,10 +113,9 @@ async def list_slos(
     openapi_extra=_YAML_BODY,
 )
 async def import_slos(
-    principal: Operator, session: SessionDep, request: Request
+    principal: Operator, session: SessionDep, settings: SettingsDep, request: Request
 ) -> SLOImportResult:
     """Create or update (by name) every SLO of a YAML stream, all or nothing."""
-    settings = request.app.state.settings
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in YAML_MEDIA_TYPES:
         raise UnsupportedMediaTypeError(

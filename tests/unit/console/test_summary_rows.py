@@ -9,15 +9,14 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from controlplane.api.routes.goodput_summary import (
+from controlplane.api.routes.goodput_summary import _event, _summary_events
+from controlplane.goodput import GoodputEngine
+from controlplane.runtime.summary import (
     SPARK_MINUTES,
+    SharedSummary,
     SummaryFilter,
-    _event,
-    _SharedSummary,
-    _summary_events,
     compute_summary,
 )
-from controlplane.goodput import GoodputEngine
 from exporters.records import Labels, RecordBatch, Status
 from tests.unit.controlplane.goodput.fixtures import T0, FakeClock, make_record, make_spec
 
@@ -101,7 +100,7 @@ def test_event_carries_its_time_as_id_and_only_the_rows_given() -> None:
     assert ordered == {"time": 1.0, "rows": [], "full": True, "order": ["b", "a"]}
 
 
-def _first_events(shared: _SharedSummary, since: float | None) -> list[str]:
+def _first_events(shared: SharedSummary, since: float | None) -> list[str]:
     async def read() -> list[str]:
         events = _summary_events(shared, SummaryFilter(), 1.0, since)
         return [await anext(events), await anext(events)]
@@ -113,7 +112,7 @@ def _first_events(shared: _SharedSummary, since: float | None) -> list[str]:
 def test_stream_starts_from_the_rows_a_client_holds() -> None:
     engine, now = _engine()
     live = SimpleNamespace(engine=engine, clock=lambda: now, stopping=asyncio.Event())
-    shared = _SharedSummary(live)  # type: ignore[arg-type]
+    shared = SharedSummary(live)  # type: ignore[arg-type]
     with ThreadPoolExecutor(1) as pool:
         held, rows = pool.submit(asyncio.run, shared.rows(SummaryFilter(), 10.0)).result()
     assert len(rows) == 3
