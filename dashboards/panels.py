@@ -475,7 +475,8 @@ def _pd_fleet() -> gd.Dashboard:
             ],
             unit="Bps",
             description="KV-cache bytes the decode instances received from the prefill "
-            "pool (the engine records' kv_bytes; sim workers).",
+            "pool (sim workers: the engine records' kv_bytes; vLLM workers: the KV "
+            "connector's loads, through the stat-logger plugin).",
         )
     )
     board = board.with_panel(
@@ -490,8 +491,9 @@ def _pd_fleet() -> gd.Dashboard:
                 for q in (0.5, 0.99)
             ],
             unit="s",
-            description="From a decode leg's arrival until its prompt's KV cache is in "
-            "place (the engine records' KV hand-off phases; sim workers).",
+            description="Sim workers: from a decode leg's arrival until its prompt's KV "
+            "cache is in place (the engine records' hand-off phases). vLLM workers: the KV "
+            "connector's load of the prompt's layers (docs/serving.md).",
         )
     )
     board = board.with_row(gd.Row("vLLM"))
