@@ -21,9 +21,12 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    no headroom: those make room under load, and an idle instance has none to make). Above
    it the request can never meet the objective, whatever the load: where the SLO's
    ``infeasible`` is ``"reject"`` it is refused at once (``400``, type
-   ``infeasible_request``, no ``Retry-After``: retrying cannot help), otherwise (``"admit"``,
-   the default, and always for a never-shed class) admitted as best effort without being
-   judged against the load. Either way it is counted apart
+   ``infeasible_request``, no ``Retry-After``: retrying cannot help). Where it is
+   ``"admit"`` (the default) it is served as best effort where it takes no room from the
+   feasible requests — the least-loaded prefill instance is idle and another one stays
+   idle (at most ``num_prefill − 2`` requests in prefill) — and deferred otherwise
+   (``429``, its idle TTFT as ``Retry-After``). A never-shed class is always admitted.
+   Either way it is counted apart
    (``goodput_gateway_admission_infeasible_total{slo,action}``), never as a rejection for
    load, and it takes no part in the availability floor or the room kept for never-shed
    traffic;
@@ -259,7 +262,11 @@ class PolicyAdmission:
         self.num_floor_admitted = 0  # refusals the availability floor overturned
         self.availability = ClassAvailability()
         self.never_shed = TokenRate()  # prompt tokens/s of the classes never shed
-        self.num_infeasible = {"admit": 0, "reject": 0}  # infeasible requests, by action
+        self.num_infeasible = {
+            "admit": 0,
+            "defer": 0,
+            "reject": 0,
+        }  # infeasible requests, by action
         self._fastest_rate = 0.0  # the policy model's fastest prefill rate (0: no model)
         self._infeasible_total: Counter | None = None
         self._infeasible_children: dict[tuple[str, str], object] = {}
@@ -289,7 +296,8 @@ class PolicyAdmission:
                 "goodput_gateway_admission_infeasible",
                 "Requests predicted to miss their SLO's TTFT objective even on an idle "
                 "instance, by SLO (other: not in the policy) and action (admit: served as "
-                "best effort; reject: refused at once with 400). Not load shedding.",
+                "best effort; defer: refused with 429 while no prefill instance is spare; "
+                "reject: refused at once with 400). Not load shedding.",
                 ("slo", "action"),
                 registry=registry,
             )
@@ -382,14 +390,22 @@ class PolicyAdmission:
     ) -> Decision:
         """Step 0 of the module docstring: a request predicted to miss the TTFT objective
         on an idle instance. Rejected at once (``400``, no ``Retry-After``) where its SLO
-        says ``reject`` and its class may be shed; otherwise admitted without being judged
-        against the load. Either way counted in ``num_infeasible`` and
-        ``goodput_gateway_admission_infeasible_total{slo,action}``, never as a rejection
-        for load, and left out of the availability floor's counts and of the room kept for
-        never-shed traffic (no room can make it meet the objective)."""
+        says ``reject`` and its class may be shed. Where it says ``admit``, served as best
+        effort only where it takes no room from the feasible requests (:meth:`_spare`):
+        otherwise deferred (``429`` with its idle TTFT as ``Retry-After``). A never-shed
+        class is always admitted. Each counted in ``num_infeasible`` and
+        ``goodput_gateway_admission_infeasible_total{slo,action}`` (``admit``, ``defer``,
+        ``reject``), never as a rejection for load, and left out of the availability
+        floor's counts and of the room kept for never-shed traffic (no room can make it
+        meet the objective)."""
         never_shed = rules is not None and not rules.sheddable
         reject = slo is not None and slo.infeasible == "reject" and not never_shed
-        action = "reject" if reject else "admit"
+        if reject:
+            action = "reject"
+        elif never_shed or self._spare():
+            action = "admit"
+        else:
+            action = "defer"
         self.num_infeasible[action] += 1
         if self._infeasible_total is not None:
             key = (info.slo if slo is not None else "other", action)
@@ -397,6 +413,21 @@ class PolicyAdmission:
             if child is None:
                 child = self._infeasible_children[key] = self._infeasible_total.labels(*key)
             child.inc()  # type: ignore[attr-defined]
+        if action == "defer":
+            return Decision(
+                False,
+                f"slo {info.slo!r}: infeasible request: predicted TTFT on an idle instance "
+                f"{idle_s:.3f} s > objective {objective_s:g} s; served as best effort only "
+                f"while two prefill instances are idle, and {self.tracker.prefill_requests} "
+                f"requests are in prefill on {self.tracker.num_prefill} (policy "
+                f"v{policy.version})",
+                _retry_after(idle_s),
+                info.slo,
+                "ttft",
+                idle_s,
+                objective_s,
+                infeasible=True,
+            )
         if reject:
             return Decision(
                 False,
@@ -418,6 +449,16 @@ class PolicyAdmission:
             self._keep_prediction(policy, info, self._ttft_s(model, info))
         self._admitted(info.tenant)
         return ADMIT
+
+    def _spare(self) -> bool:
+        """Whether an infeasible request can be served as best effort without taking room
+        from feasible ones: the least-loaded prefill instance is idle and, with two or
+        more prefill instances, another one stays idle (at most ``num_prefill − 2``
+        requests in prefill now)."""
+        load = self.tracker
+        return load.min_prefill_tokens == 0 and load.prefill_requests <= max(
+            0, load.num_prefill - 2
+        )
 
     def _keep_prediction(self, policy: AdmissionPolicy, info: RequestInfo, ttft_s: float) -> None:
         """Keep an admitted request's TTFT prediction until its record comes."""

@@ -2,9 +2,9 @@
 
 The rule predicts each request's idle TTFT (its own prefill at the fastest rate + the KV
 hand-off, no queue) and, above the SLO's TTFT objective, calls it infeasible: refused at
-once (400, no Retry-After) where the SLO says ``reject``, admitted as best effort where it
-says ``admit`` (and always for a never-shed class), counted apart either way and never as
-a rejection for load.
+once (400, no Retry-After) where the SLO says ``reject``, served as best effort where it
+says ``admit`` while it takes no room from the others (deferred otherwise), always admitted
+for a never-shed class, counted apart and never as a rejection for load.
 """
 
 from __future__ import annotations
@@ -110,19 +110,32 @@ def test_reject_answers_400_at_once_naming_the_slo_the_prediction_and_the_object
     assert "idle instance 1.500 s > objective 1 s" in decision.reason
     assert infeasible_total(registry, "chat", "reject") == 1
     assert overload_total(registry) == 0 and r.num_rejected == 0
-    assert r.num_infeasible == {"admit": 0, "reject": 1}
+    assert r.num_infeasible == {"admit": 0, "defer": 0, "reject": 1}
     assert r.in_flight == 0
 
 
-def test_admit_serves_it_unjudged_and_counts_it_apart() -> None:
-    # The queue alone would have it refused for load; an infeasible request is not judged.
-    r, registry = rule(policy("admit"), queued=50_000)
+def test_admit_serves_it_as_best_effort_while_two_prefill_instances_are_idle() -> None:
+    r, registry = rule(policy("admit"))
     assert r.decide(info(LIMIT + 1, "sheddable")).admit
     assert infeasible_total(registry, "chat", "admit") == 1
     assert overload_total(registry) == 0
     assert r.in_flight == 1
     r.on_finished("t")
     assert r.in_flight == 0
+    r.tracker.add(P1, prefill_tokens=LIMIT + 1)  # it went to P1: P2 must stay for the others
+    deferred = r.decide(info(LIMIT + 1))
+    assert not deferred.admit and deferred.infeasible
+    assert (deferred.status_code, deferred.retry_after_s) == (429, pytest.approx(1.0001))
+    assert "served as best effort only while two prefill instances are idle" in deferred.reason
+    assert infeasible_total(registry, "chat", "defer") == 1
+    assert overload_total(registry) == 0 and r.num_rejected == 0
+
+
+def test_admit_defers_it_while_the_prefill_queue_is_not_empty() -> None:
+    r, registry = rule(policy("admit"), queued=50_000)
+    assert not r.decide(info(LIMIT + 1, "sheddable")).admit
+    assert r.num_infeasible == {"admit": 0, "defer": 1, "reject": 0}
+    assert overload_total(registry) == 0
 
 
 def test_never_shed_traffic_is_admitted_and_counted_even_where_the_slo_rejects() -> None:
@@ -146,7 +159,7 @@ def test_the_fastest_instance_rate_decides() -> None:
     fast = MODEL.to_json() | {"instance_prefill_tokens_per_s": {P2: 2 * RATE}}
     r, _ = rule(policy("reject", model=AdmissionModel.from_json(fast)))
     decision = r.decide(info(LIMIT + 1))  # on P2 it could: judged for load (routed to P1)
-    assert not decision.infeasible and r.num_infeasible == {"admit": 0, "reject": 0}
+    assert not decision.infeasible and not any(r.num_infeasible.values())
 
 
 def test_an_slo_outside_the_policy_uses_the_class_ttft_and_admits() -> None:
@@ -159,7 +172,7 @@ def test_an_slo_outside_the_policy_uses_the_class_ttft_and_admits() -> None:
 def test_without_a_model_nothing_is_called_infeasible() -> None:
     r, _ = rule(policy("reject", model=None))
     assert r.decide(info(10**7)).admit
-    assert r.num_infeasible == {"admit": 0, "reject": 0}
+    assert r.num_infeasible == {"admit": 0, "defer": 0, "reject": 0}
 
 
 def test_contract_round_trip_and_refusal() -> None:
@@ -186,12 +199,17 @@ def test_infeasible_is_never_shed_for_load_and_feasible_is_never_infeasible(
     r, registry = rule(policy(action, margin=margin), queued=queued)
     decision = r.decide(info(prompt, priority))
     idle_s = prompt / RATE + HANDOFF_S
-    counted = r.num_infeasible["admit"] + r.num_infeasible["reject"]
+    counted = sum(r.num_infeasible.values())
     if idle_s > TTFT_S:  # infeasible: counted apart, never as load shedding
         assert counted == 1
         assert overload_total(registry) == 0 and r.num_rejected == 0
-        assert decision.admit or (decision.infeasible and decision.status_code == 400)
-        assert decision.admit == (action == "admit" or priority == "critical")
+        if priority == "critical":
+            assert decision.admit
+        elif action == "reject":
+            assert decision.infeasible and decision.status_code == 400
+        else:  # best effort where a prefill instance is spare, deferred otherwise
+            assert decision.admit == (queued == 0)
+            assert decision.admit or (decision.infeasible and decision.status_code == 429)
     else:  # feasible: never called infeasible, whatever the load says
         assert counted == 0 and not decision.infeasible
         assert decision.admit or decision.status_code == 429

@@ -1,6 +1,7 @@
 """Infeasible requests through the whole gateway (in-memory upstreams, the default
 ``PolicyAdmission`` with a pushed policy): the refusal's body and record where the SLO
-rejects them, the best-effort admission and its counter where it admits them."""
+rejects them, the best-effort admission and its counter where it admits them (one prefill
+instance, idle: best effort may use it)."""
 
 from __future__ import annotations
 
