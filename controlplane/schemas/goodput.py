@@ -4,12 +4,27 @@ and the per-minute series (``/slos/{ref}/goodput/series``)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.schemas.common import Interval, WireModel
+from controlplane.schemas.slo import SLOCreate
 
 __all__ = [
+    "MAX_DRY_RUN_WINDOW_S",
+    "GoodputSeriesPublic",
+    "GoodputStatsPublic",
     "GoodputSummaryPublic",
+    "GoodputsPublic",
+    "LatencyPercentilesPublic",
+    "SLODryRun",
+    "SLODryRunPublic",
     "SummaryRow",
 ]
+
+#: How far back a dry run may judge a candidate SLO (seconds).
+MAX_DRY_RUN_WINDOW_S = 3600.0
 
 
 class SummaryRow(BaseModel):
@@ -38,3 +53,84 @@ class GoodputSummaryPublic(BaseModel):
     time: float
     data: list[SummaryRow]
     count: int
+
+
+class LatencyPercentilesPublic(BaseModel):
+    """p50/p90/p99 in seconds (within 1 %); ``null`` when the window holds no value."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+
+class GoodputStatsPublic(BaseModel):
+    """One SLO over one window ending at ``time`` (Unix seconds); see
+    ``controlplane.goodput.GoodputStats`` for each field's exact definition."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    slo_id: str
+    slo_name: str
+    window_s: float
+    time: float
+    duration_s: float
+    requests: int
+    good: int
+    bad: int
+    errors: int
+    aborted: int
+    admitted: int
+    rejected: int
+    output_tokens: int
+    good_output_tokens: int
+    goodput_rps: float
+    good_output_tokens_per_s: float
+    throughput_rps: float
+    output_tokens_per_s: float
+    attainment_ratio: float | None
+    burn_rate: float | None
+    error_budget_remaining_ratio: float
+    availability_ratio: float | None
+    violations: dict[str, int]
+    measured: dict[str, int]
+    measured_ratio: dict[str, float | None]
+    ttft: LatencyPercentilesPublic
+    tpot: LatencyPercentilesPublic
+    itl: LatencyPercentilesPublic
+    e2el: LatencyPercentilesPublic
+    in_flight: int
+
+
+class SLODryRunPublic(GoodputStatsPublic):
+    """A dry run's stats, with ``warnings``: the objectives the candidate cannot measure at
+    its vantage (as the create and update responses give them)."""
+
+    warnings: list[str]
+
+
+class GoodputsPublic(BaseModel):
+    data: list[GoodputStatsPublic]
+    count: int
+
+
+class SLODryRun(WireModel):
+    """A candidate SLO and how far back to judge it (seconds, at most one hour)."""
+
+    slo: SLOCreate
+    window_s: Annotated[float, Interval(0, MAX_DRY_RUN_WINDOW_S, low_open=True)] = Field(
+        default=MAX_DRY_RUN_WINDOW_S
+    )
+
+
+class GoodputSeriesPublic(BaseModel):
+    slo_id: str
+    slo_name: str
+    vantage: str
+    target: float
+    range_s: float
+    step_s: float
+    columns: dict[str, list[float | None]]
+    rejected_by_class: dict[str, list[float]]
+    percentiles_by_vantage: dict[str, dict[str, list[float | None]]]

@@ -1,5 +1,5 @@
-"""The JSON Schema of a record batch's JSON form (``docs/wire.md``), for the OpenAPI document
-of ``POST /api/v1/ingest``.
+"""Wire models of ``POST /api/v1/ingest``: its answer (:class:`IngestResultPublic`) and the
+JSON Schema of a record batch's JSON form (``docs/wire.md``), for the OpenAPI document.
 
 The server does not validate with it: ``exporters.wire`` decodes and checks the batch once.
 The schema states every rule of a single field that the codec enforces (types, enum names,
@@ -13,10 +13,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from exporters.records import LABEL_KEYS, Phase, Status, TokenDetail, Vantage
 from exporters.wire import DEFAULT_MAX_RECORDS, WIRE_VERSION
 
-__all__ = ["WIRE_BATCH_JSON_SCHEMA"]
+__all__ = ["WIRE_BATCH_JSON_SCHEMA", "IngestResultPublic", "RecordRejectionPublic"]
+
+
+class RecordRejectionPublic(BaseModel):
+    """A record of the batch that was not taken: its row (0-based, as sent), id and why."""
+
+    index: int
+    request_id: str
+    field: str
+    msg: str
+
+
+class IngestResultPublic(BaseModel):
+    """What the batch did; counts are of what was applied (all 0 for a duplicate).
+    ``rejected`` lists exactly the records not taken (``num_rejected`` of them)."""
+
+    duplicate: bool
+    exporter_id: str
+    seq: int
+    num_records: int
+    num_final: int
+    num_emissions: int
+    num_tokens: int
+    num_rejected: int = 0
+    rejected: list[RecordRejectionPublic] = []
+
 
 _INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1

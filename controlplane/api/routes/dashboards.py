@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel
 
 from controlplane.api.deps import SessionDep, Viewer
 from controlplane.api.routes._params import Ref
 from controlplane.errors import InvalidInputError, NotFoundError
 from controlplane.schemas.common import responses
+from controlplane.schemas.dashboards import DashboardsPublic, DashboardSummary
 from controlplane.schemas.slo import SLOPublic
 from controlplane.services import slos as slo_service
 from dashboards.panels import DASHBOARDS, dashboard_json
@@ -70,17 +70,6 @@ _YAML: dict[int | str, dict[str, Any]] = {
         },
     }
 }
-
-
-class DashboardSummary(BaseModel):
-    uid: str
-    title: str
-    tags: list[str]
-
-
-class DashboardsPublic(BaseModel):
-    data: list[DashboardSummary]
-    count: int
 
 
 def _rules_response(slos: list[SLORuleSource], request: Request, *, shared: bool) -> Response:

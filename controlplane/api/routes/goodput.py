@@ -28,7 +28,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import LiveDep, LiveRuntimeDep, SessionDep, SettingsDep, Viewer
@@ -45,24 +44,21 @@ from controlplane.goodput import (
 from controlplane.goodput.spec import measurement_warnings
 from controlplane.models import SLO
 from controlplane.runtime.live import LiveGoodput
-from controlplane.schemas.common import ErrorPublic, Interval, WireModel, responses
-from controlplane.schemas.slo import SLOCreate
+from controlplane.schemas.common import ErrorPublic, responses
+from controlplane.schemas.goodput import (
+    GoodputsPublic,
+    GoodputStatsPublic,
+    SLODryRun,
+    SLODryRunPublic,
+)
 from controlplane.services import slos as slo_service
 
-__all__ = [
-    "STREAM_WINDOWS",
-    "WINDOWS",
-    "GoodputStatsPublic",
-    "GoodputsPublic",
-    "SLODryRunPublic",
-    "router",
-]
+__all__ = ["STREAM_WINDOWS", "WINDOWS", "WindowQuery", "router"]
 
 router = APIRouter(tags=["goodput"])
 
 WINDOWS: tuple[str, ...] = (*STANDARD_WINDOWS, COMPLIANCE)
 STREAM_WINDOWS: tuple[str, ...] = ("10s", "1m", "5m")
-MAX_DRY_RUN_WINDOW_S = 3600.0
 _BAD_WINDOW: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "Unknown window name"}
 }
@@ -75,75 +71,6 @@ WindowQuery = Annotated[
         json_schema_extra={"enum": list(WINDOWS)},
     ),
 ]
-
-
-class LatencyPercentilesPublic(BaseModel):
-    """p50/p90/p99 in seconds (within 1 %); ``null`` when the window holds no value."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    p50_s: float | None
-    p90_s: float | None
-    p99_s: float | None
-
-
-class GoodputStatsPublic(BaseModel):
-    """One SLO over one window ending at ``time`` (Unix seconds); see
-    ``controlplane.goodput.GoodputStats`` for each field's exact definition."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    slo_id: str
-    slo_name: str
-    window_s: float
-    time: float
-    duration_s: float
-    requests: int
-    good: int
-    bad: int
-    errors: int
-    aborted: int
-    admitted: int
-    rejected: int
-    output_tokens: int
-    good_output_tokens: int
-    goodput_rps: float
-    good_output_tokens_per_s: float
-    throughput_rps: float
-    output_tokens_per_s: float
-    attainment_ratio: float | None
-    burn_rate: float | None
-    error_budget_remaining_ratio: float
-    availability_ratio: float | None
-    violations: dict[str, int]
-    measured: dict[str, int]
-    measured_ratio: dict[str, float | None]
-    ttft: LatencyPercentilesPublic
-    tpot: LatencyPercentilesPublic
-    itl: LatencyPercentilesPublic
-    e2el: LatencyPercentilesPublic
-    in_flight: int
-
-
-class SLODryRunPublic(GoodputStatsPublic):
-    """A dry run's stats, with ``warnings``: the objectives the candidate cannot measure at
-    its vantage (as the create and update responses give them)."""
-
-    warnings: list[str]
-
-
-class GoodputsPublic(BaseModel):
-    data: list[GoodputStatsPublic]
-    count: int
-
-
-class SLODryRun(WireModel):
-    """A candidate SLO and how far back to judge it (seconds, at most one hour)."""
-
-    slo: SLOCreate
-    window_s: Annotated[float, Interval(0, MAX_DRY_RUN_WINDOW_S, low_open=True)] = Field(
-        default=MAX_DRY_RUN_WINDOW_S
-    )
 
 
 def _public(stats: GoodputStats) -> GoodputStatsPublic:

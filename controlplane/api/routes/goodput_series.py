@@ -25,7 +25,6 @@ import math
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import LiveDep, SessionDep, Viewer
@@ -33,27 +32,16 @@ from controlplane.api.routes._params import Ref
 from controlplane.api.routes.goodput import _BAD_WINDOW, WindowQuery, _window
 from controlplane.goodput import GoodputEngine, GoodputStats
 from controlplane.schemas.common import responses
+from controlplane.schemas.goodput import GoodputSeriesPublic
 from controlplane.services import slos as slo_service
 
-__all__ = ["GoodputSeriesPublic", "router", "series"]
+__all__ = ["router", "series"]
 
 router = APIRouter(tags=["goodput"])
 
 MAX_POINTS = 60
 BURN_WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "6h": 21600.0}
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
-
-
-class GoodputSeriesPublic(BaseModel):
-    slo_id: str
-    slo_name: str
-    vantage: str
-    target: float
-    range_s: float
-    step_s: float
-    columns: dict[str, list[float | None]]
-    rejected_by_class: dict[str, list[float]]
-    percentiles_by_vantage: dict[str, dict[str, list[float | None]]]
 
 
 def _range_s(engine: GoodputEngine, slo_id: str, name: str) -> float:

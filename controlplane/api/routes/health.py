@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Literal
+from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.auth import Principal, require
@@ -21,6 +20,7 @@ from controlplane.api.deps import DatabaseDep, LiveRuntimeDep, SettingsDep
 from controlplane.errors import UnavailableError, describe_error
 from controlplane.models import SCHEMA_REVISION, Role
 from controlplane.schemas.common import ErrorPublic, responses
+from controlplane.schemas.health import HealthPublic, ReadyPublic
 
 __all__ = ["router"]
 
@@ -35,16 +35,6 @@ def _kind(reason: str) -> str:
 
 
 HealthGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="open_health"))]
-
-
-class HealthPublic(BaseModel):
-    status: Literal["ok"]
-
-
-class ReadyPublic(BaseModel):
-    status: Literal["ready"]
-    database: str
-    schema_revision: str
 
 
 @router.get("/health", responses=responses(401, 403))

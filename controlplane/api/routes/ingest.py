@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import Ingest, LiveDep, SettingsDep
@@ -46,10 +45,14 @@ from controlplane.ingest import (
     read_limited,
 )
 from controlplane.schemas.common import ErrorPublic, responses
-from controlplane.schemas.ingest import WIRE_BATCH_JSON_SCHEMA
+from controlplane.schemas.ingest import (
+    WIRE_BATCH_JSON_SCHEMA,
+    IngestResultPublic,
+    RecordRejectionPublic,
+)
 from exporters.wire import CONTENT_TYPE_BINARY, CONTENT_TYPE_JSON, WireError, decode_any
 
-__all__ = ["IngestResultPublic", "RecordRejectionPublic", "router"]
+__all__ = ["router"]
 
 router = APIRouter(tags=["ingest"])
 
@@ -71,30 +74,6 @@ _BODY_DOC: dict[str, Any] = {
 BAD_REQUEST: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "The body does not decode as a batch"}
 }
-
-
-class RecordRejectionPublic(BaseModel):
-    """A record of the batch that was not taken: its row (0-based, as sent), id and why."""
-
-    index: int
-    request_id: str
-    field: str
-    msg: str
-
-
-class IngestResultPublic(BaseModel):
-    """What the batch did; counts are of what was applied (all 0 for a duplicate).
-    ``rejected`` lists exactly the records not taken (``num_rejected`` of them)."""
-
-    duplicate: bool
-    exporter_id: str
-    seq: int
-    num_records: int
-    num_final: int
-    num_emissions: int
-    num_tokens: int
-    num_rejected: int = 0
-    rejected: list[RecordRejectionPublic] = []
 
 
 def _decode_and_apply(

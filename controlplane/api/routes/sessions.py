@@ -8,31 +8,20 @@ key; the link is single-use and stored only as a hash (``controlplane.api.sessio
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Annotated
+from datetime import timedelta
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
 
 from controlplane.api.deps import SessionDep, Viewer
 from controlplane.api.sessions import sign_in_link
 from controlplane.db import utcnow
 from controlplane.errors import InvalidInputError
-from controlplane.schemas.common import WireModel
+from controlplane.schemas.sessions import SignInLinkCreate, SignInLinkPublic
 from controlplane.services.keys import AuthenticatedKey
 
-__all__ = ["SignInLinkCreate", "SignInLinkPublic", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
-
-
-class SignInLinkCreate(WireModel):
-    ttl_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
-
-
-class SignInLinkPublic(BaseModel):
-    path: str
-    expires_at: datetime
 
 
 @router.post("/links", status_code=201)
