@@ -1,7 +1,7 @@
 """Domain exceptions, and the one place that maps them (and every other error) to HTTP.
 
 Services raise these; they never build HTTP responses. Every error body has the FastAPI
-shape ``{"detail": ...}``: a string for 401/403/404/409/413/503, and for 422 a list of
+shape ``{"detail": ...}``: a string for 400/401/403/404/409/413/415/503, and for 422 a list of
 ``{"loc", "field", "msg", "type"}`` entries whose ``msg`` names the field, what is allowed and
 the value received, e.g. ``"target must be in (0, 1), got 1.5"``.
 """
@@ -23,6 +23,7 @@ from starlette.routing import Match
 from exporters.slo import Metric
 
 __all__ = [
+    "BadRequestError",
     "ConflictError",
     "ForbiddenError",
     "GoodputError",
@@ -71,6 +72,14 @@ class GoodputError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class BadRequestError(GoodputError):
+    """A request the route cannot take as it is, outside the wire schema's checks (HTTP 400):
+    a query value the route checks itself (a goodput ``window``), a body that does not
+    decode as what it claims to be."""
+
+    status_code = 400
 
 
 class NotFoundError(GoodputError):

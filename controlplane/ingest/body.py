@@ -17,7 +17,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import AsyncIterator
 
-from controlplane.errors import GoodputError, PayloadTooLargeError, UnsupportedMediaTypeError
+from controlplane.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 __all__ = ["SUPPORTED_ENCODINGS", "MalformedBodyError", "read_limited"]
 
@@ -25,10 +25,8 @@ SUPPORTED_ENCODINGS = ("identity", "gzip")
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 
-class MalformedBodyError(GoodputError):
+class MalformedBodyError(BadRequestError):
     """A request body that cannot be read as what it claims to be (HTTP 400)."""
-
-    status_code = 400
 
 
 def _too_large(max_bytes: int, got: str, setting: str = "max_ingest_bytes") -> PayloadTooLargeError:

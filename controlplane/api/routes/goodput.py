@@ -26,13 +26,18 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import LiveDep, LiveRuntimeDep, SessionDep, SettingsDep, Viewer
 from controlplane.api.routes._params import Ref
-from controlplane.errors import ForbiddenError, InvalidInputError, NotFoundError
+from controlplane.errors import (
+    BadRequestError,
+    ForbiddenError,
+    InvalidInputError,
+    NotFoundError,
+)
 from controlplane.goodput import (
     COMPLIANCE,
     STANDARD_WINDOWS,
@@ -79,7 +84,7 @@ def _public(stats: GoodputStats) -> GoodputStatsPublic:
 
 def _window(window: str) -> str:
     if window not in WINDOWS:
-        raise HTTPException(400, f"window must be one of {list(WINDOWS)}, got {window!r}")
+        raise BadRequestError(f"window must be one of {list(WINDOWS)}, got {window!r}")
     return window
 
 
