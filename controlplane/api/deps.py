@@ -8,8 +8,8 @@ back when it raises. Its scope is ``"function"`` so the commit happens *before* 
 is sent; a failing commit is then an error response, never a 2xx for a lost write.
 ``LiveDep`` is the runtime once its SLO set is loaded (503 before); ``LiveRuntimeDep`` is
 the runtime as it is, for routes that answer before the load (health, a dry run) or report
-it their own way (OTLP). Declare the role first:
-dependencies run in order, so an unauthenticated caller gets its 401 before anything else.
+it their own way (OTLP). Declare the role first: dependencies run in order, so an
+unauthenticated caller gets its 401 before anything else.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_database(request: Request) -> AsyncEngine:
-    """The app's database engine (``/health/ready`` checks the connection and schema)."""
+    """The app's database engine (``/ready`` checks the connection and the schema)."""
     engine: AsyncEngine = request.app.state.engine
     return engine
 

@@ -1,6 +1,7 @@
 """What runs for the life of the app, started by its lifespan (:mod:`controlplane.main`).
 
 * :mod:`~controlplane.runtime.live`: the live goodput engine, fed by ingest and persisted;
+* :mod:`~controlplane.runtime.summary`: the overview's rows, computed once for every reader;
 * :mod:`~controlplane.runtime.loop`: the control loops' base and lifespan, on which run
   :mod:`~controlplane.runtime.admission` (admission policies for the gateways) and
   :mod:`~controlplane.runtime.planner` (the PD planner tick; its snapshot from the database
