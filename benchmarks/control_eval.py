@@ -9,7 +9,11 @@ and stability (role changes per hour at 0.8× the knee). Contenders: no control,
 Dynamo-style busy-threshold shedder, the Dynamo-style SLA planner (180 s and 10 s), our
 planner alone, our admission control alone, and both together ("ours"; also with the
 admission adapter's default 1-s sync), through the simulator's adapters
-(``serving.sim.control.planner`` / ``.admission``).
+(``serving.sim.control.planner`` / ``.admission``). Last, a long-prompt scenario with no
+knee (Azure code, prompts ×4: a share of them cannot meet the TTFT objective even on an
+idle instance; ``serving.sim.experiments.infeasible``): the report says "no knee" and
+compares no control, the threshold shedder and our admission (the SLO's ``infeasible``
+choice ``admit`` and ``reject``, alone and with the planner) on goodput at fixed rates.
 
 Last line, for ours (``others`` holds the same figures for every other contender):
 ``{"overload_goodput_ratio"`` (min over traces and levels of goodput ÷ peak goodput; goal
@@ -59,6 +63,13 @@ from serving.sim.experiments.experiments import (  # noqa: E402
     overload,
     stability,
     workload_shift,
+)
+from serving.sim.experiments.infeasible import (  # noqa: E402
+    LONG_PROMPT_TRACE,
+    long_prompt_contenders,
+    long_prompt_json,
+    long_prompt_table,
+    long_prompts,
 )
 from serving.sim.experiments.ours import OURS, control_contenders  # noqa: E402
 from serving.sim.experiments.report import (  # noqa: E402
@@ -203,6 +214,11 @@ def main() -> None:
                 stable.append(stability(scenario, caps[trace], contender))
     log(f"stability done ({time.perf_counter() - t0:.0f} s)")
 
+    t0 = time.perf_counter()
+    long_scenario = Scenario(LONG_PROMPT_TRACE, size.instances, size.overload_s)
+    long_setup, long_cells = long_prompts(long_scenario, long_prompt_contenders())
+    log(f"long prompts done ({time.perf_counter() - t0:.0f} s)")
+
     tables = "\n\n".join(
         [
             overload_table(cells, caps, peaks),
@@ -211,11 +227,24 @@ def main() -> None:
             shift_table(setup, shifts),
             *(shift_table(more_setup, more) for more_setup, more in harder),
             stability_table(stable),
+            long_prompt_table(long_scenario, long_setup, long_cells),
         ]
     )
     log(tables)
     results = _results(size, caps, peaks, cells, setup, shifts, stable)
     results["shift_harder"] = [_shift_json(more_setup, more) for more_setup, more in harder]
+    results["long_prompt"] = {
+        **long_prompt_json(long_setup, long_cells),
+        "runs": [
+            {
+                "rate_scale": c.rate,
+                "contender": c.contender,
+                "num_infeasible": c.num_infeasible,
+                **c.outcome.row(),
+            }
+            for c in long_cells
+        ],
+    }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -238,6 +267,7 @@ def main() -> None:
         t: round(next(c.peak_token_goodput_tps for c in cells if c.trace == t), 1) for t in peaks
     }
     headline["knee_rate_scale"] = {t: round(c.rate, 3) for t, c in caps.items()}
+    headline["long_prompt"] = long_prompt_json(long_setup, long_cells)
     headline["instances"] = size.instances
     headline["wall_s"] = round(time.perf_counter() - wall0, 1)
     print(json.dumps(headline))

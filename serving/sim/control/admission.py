@@ -11,7 +11,9 @@ clock, with the policy the control plane would push, computed by the control pla
 * **SLO** — the simulator's one SLO (:func:`serving.sim.cluster.simulator.slo_spec`) with
   the scenario's objectives; the simulator's requests carry no ``slo`` label, so they get
   that SLO's key. Its burn rate is the goodput engine's over the last minute
-  (``snapshot.goodput``), as the control plane's is;
+  (``snapshot.goodput``), as the control plane's is; ``infeasible`` is the SLO's choice
+  for requests that cannot meet the TTFT objective even on an idle instance (``"admit"``,
+  the default, or ``"reject"``; the rule's counts are in ``rule.num_infeasible``);
 * **load** — a :class:`~serving.gateway.admission_load.LoadTracker` rebuilt from each
   snapshot (every ``interval_s`` of virtual time: the instances' queued prefill tokens and
   decode streams as the simulated gateway counts them, the requests waiting or running on
@@ -72,11 +74,12 @@ class SimAdmission:
         objectives: Sequence[Objective],
         interval_s: float = 1.0,
         config: AdmissionConfig = SIM_CONFIG,
+        infeasible: str = "admit",
     ) -> None:
         if not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"interval_s must be a finite number > 0, got {interval_s!r}")
         self.profile = profile
-        self.slo = slo_spec(objectives)
+        self.slo = dataclasses.replace(slo_spec(objectives), infeasible=infeasible)
         self.slo_label = slo_key(self.slo)
         self.interval_s = interval_s
         self.config = config
