@@ -8,7 +8,9 @@
 * :class:`Contender`, :class:`Combined`, :func:`baseline_contenders`,
   :func:`control_contenders` — the policies compared;
 * :func:`capacity`, :func:`overload`, :func:`workload_shift`, :func:`stability` — the
-  experiments; ``report`` and ``plots`` render them.
+  experiments; ``report`` and ``plots`` render them;
+* :func:`long_prompts` — a long-prompt workload with no knee, compared at fixed rates
+  (``infeasible``).
 
 See docs/experiments/control.md; ``benchmarks/control_eval.py`` runs it all.
 """
@@ -25,6 +27,7 @@ from serving.sim.experiments.experiments import (
     stability,
     workload_shift,
 )
+from serving.sim.experiments.infeasible import long_prompts
 from serving.sim.experiments.knee import Knee, find_knee
 from serving.sim.experiments.observe import RoleChange, RoleChangeObserver
 from serving.sim.experiments.ours import OURS, control_contenders
@@ -52,6 +55,7 @@ __all__ = [
     "capacity",
     "control_contenders",
     "find_knee",
+    "long_prompts",
     "overload",
     "recovery_s",
     "run_policy",
