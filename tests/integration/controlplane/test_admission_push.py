@@ -84,7 +84,7 @@ async def test_policy_pushed_applied_acked_and_sheddable_requests_get_429(
                 slo = {
                     "name": "chat",
                     "selector": {"slo": "chat"},
-                    "objectives": [{"metric": "ttft", "threshold_s": 0.05}],
+                    "objectives": [{"metric": "ttft", "threshold_s": 0.25}],
                     "target": 0.99,
                 }
                 assert (await cp.post("/api/v1/slos", json=slo, headers=admin)).status_code == 201
@@ -123,7 +123,7 @@ async def check_push_and_shedding(
 
     await eventually(applied)
     policy = rule.policy
-    assert policy.slos["chat"].ttft_s == 0.05 and policy.model is not None
+    assert policy.slos["chat"].ttft_s == 0.25 and policy.model is not None
 
     async def acked() -> list[dict[str, Any]]:
         page = await cp.get(
@@ -138,7 +138,7 @@ async def check_push_and_shedding(
     (first,) = await eventually(acked)
     assert first["ack"]["ok"] is True
     assert first["ack"]["detail"].startswith("admission policy version ")
-    assert first["payload"]["policy"]["slos"]["chat"]["ttft_s"] == 0.05
+    assert first["payload"]["policy"]["slos"]["chat"]["ttft_s"] == 0.25
     audit = await cp.get("/api/v1/audit", params={"target_id": first["id"]}, headers=admin)
     assert audit.status_code == 200, audit.text
     entries = {(e["actor"], e["action"]) for e in audit.json()["data"]}
@@ -146,7 +146,8 @@ async def check_push_and_shedding(
     assert any(action == "command.ack" for _, action in entries)
 
     # A 2,000-token prompt: TTFT predicted at least 2000 / prefill rate (10,000 tokens/s
-    # before any data) = 0.2 s, over the 0.05 s objective.
+    # before any data) = 0.2 s + the 0.02 s hand-off: within the 0.25 s objective on an idle
+    # instance (feasible), over the sheddable class's 0.7 x 0.25 = 0.175 s.
     body = {"model": sim.served_model_name, "prompt": [1] * 2000, "max_tokens": 4}
     async with httpx.AsyncClient(base_url=gw_url, timeout=30) as gw:
         shed = await gw.post(
@@ -159,10 +160,10 @@ async def check_push_and_shedding(
         error = shed.json()["error"]
         assert (error["code"], error["type"], error["slo"], error["objective"]) == (
             429, "rate_limited", "chat", "ttft")  # fmt: skip
-        assert error["allowed"] == pytest.approx(0.035) and error["predicted"] >= 0.2
+        assert error["allowed"] == pytest.approx(0.175) and error["predicted"] >= 0.2
         message = error["message"]
         assert message.startswith("slo 'chat': predicted TTFT ")
-        assert "> allowed 0.035 s (0.05 s objective x 0.70 margin; priority 'sheddable'" in message
+        assert "> allowed 0.175 s (0.25 s objective x 0.70 margin; priority 'sheddable'" in message
         served = await gw.post(
             "/v1/completions",
             json=body,
