@@ -58,9 +58,7 @@ class SLO(Base):
     availability_target: Mapped[float | None] = mapped_column(sa.Float, default=None)
     #: What admission does with a request it predicts can never meet the TTFT objective,
     #: even on an idle instance: ``admit`` (best effort, counted apart) or ``reject``.
-    infeasible: Mapped[str] = mapped_column(
-        sa.String(16), default="admit", server_default="admit"
-    )
+    infeasible: Mapped[str] = mapped_column(sa.String(16), default="admit", server_default="admit")
     version: Mapped[int] = mapped_column(sa.Integer, default=1)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
