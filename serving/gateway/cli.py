@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from serving.gateway.config import KVHandoff
+from serving.gateway.config import KVHandoff, PoolSource
+from serving.gateway.kubernetes import DEFAULT_SELECTOR
 
 __all__ = ["gateway"]
 
@@ -96,12 +97,40 @@ def gateway(
             "response to the decode request)"
         ),
     ] = KVHandoff.FOLDER,
+    pools_from: Annotated[
+        PoolSource,
+        typer.Option(
+            help="where the pools' members come from: fleet (the control plane's fleet "
+            "registry) or kubernetes (the worker pods' goodput.dev/role label, watched; the "
+            "fleet sync is then off)"
+        ),
+    ] = PoolSource.FLEET,
+    kubernetes_namespace: Annotated[
+        str,
+        typer.Option(
+            help="namespace of the worker pods (default: the service account's)",
+            envvar="POD_NAMESPACE",
+        ),
+    ] = "",
+    kubernetes_selector: Annotated[
+        str, typer.Option(help="label selector of the worker pods")
+    ] = DEFAULT_SELECTOR,
+    kubernetes_api: Annotated[
+        str | None,
+        typer.Option(
+            help="API server URL, used without a token (kubectl proxy); default: in-cluster"
+        ),
+    ] = None,
+    worker_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="port the worker pods serve on")
+    ] = 8000,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
     import uvicorn
 
     from serving.gateway.config import GatewayConfig, GatewayConfigError
+    from serving.gateway.kubernetes import KubernetesError
     from serving.gateway.service import create_app
 
     logging.basicConfig(
@@ -128,13 +157,18 @@ def gateway(
             fleet_refresh_s=fleet_refresh,
             command_poll_s=command_poll,
             kv_handoff=kv_handoff,
+            pools_from=pools_from,
+            kubernetes_namespace=kubernetes_namespace,
+            kubernetes_selector=kubernetes_selector,
+            kubernetes_api=kubernetes_api,
+            worker_port=worker_port,
         )
         if gateway_id:
             config = dataclasses.replace(config, gateway_id=gateway_id)
-    except (GatewayConfigError, ValueError) as exc:
+        app = create_app(config)
+    except (GatewayConfigError, KubernetesError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    app = create_app(config)
     # Keep the objects of start-up (modules, the app) out of the collector's scans: a full
     # collection over them would stall every stream the gateway relays (as vLLM's server,
     # the gateway freezes them once, before serving).

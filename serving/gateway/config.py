@@ -9,9 +9,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from exporters.fleet import PoolRole
+from serving.gateway.kubernetes import DEFAULT_SELECTOR
 from serving.gateway.pool import StaticInstance
 
-__all__ = ["GatewayConfig", "GatewayConfigError", "KVHandoff"]
+__all__ = ["GatewayConfig", "GatewayConfigError", "KVHandoff", "PoolSource"]
+
+
+class PoolSource(StrEnum):
+    """Where the gateway learns its pools' members (besides the command line's).
+
+    ``FLEET``: the control plane's fleet registry (``--control-plane``). ``KUBERNETES``: the
+    worker pods' ``goodput.dev/role`` label, watched on the API server
+    (:mod:`serving.gateway.kubernetes`); the fleet-registry sync is then off, since two
+    membership sources would drop each other's members.
+    """
+
+    FLEET = "fleet"
+    KUBERNETES = "kubernetes"
 
 
 class KVHandoff(StrEnum):
@@ -47,6 +61,11 @@ class GatewayConfig:
     ``chunk_timeout_s`` between two chunks of a stream. Every upstream call has one.
     ``command_poll_s``: how often the gateway polls its commands (with ``agent_key``).
 
+    ``pools_from``: the membership source (:class:`PoolSource`). With ``kubernetes``: the
+    pods of ``kubernetes_namespace`` (default: the service account's) matching
+    ``kubernetes_selector``, served at ``http://POD_IP:worker_port``, through the API
+    server at ``kubernetes_api`` (default: in-cluster, from the service account).
+
     ``kv_handoff``: the KV hand-off protocol of the PD pools (:class:`KVHandoff`; it must
     match the workers' connector: ``folder`` for ExampleConnector, ``params`` for
     NixlConnector). Colocated mode has no hand-off and ignores it.
@@ -75,8 +94,29 @@ class GatewayConfig:
     max_connections: int = 512
     record_flush_interval_s: float = 0.25
     kv_handoff: KVHandoff = KVHandoff.FOLDER
+    pools_from: PoolSource = PoolSource.FLEET
+    kubernetes_namespace: str = ""
+    kubernetes_selector: str = DEFAULT_SELECTOR
+    kubernetes_api: str | None = None
+    worker_port: int = 8000
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "pools_from", PoolSource(self.pools_from))
+        except ValueError:
+            allowed = ", ".join(repr(k.value) for k in PoolSource)
+            raise GatewayConfigError(
+                f"pools_from must be one of {allowed}, got {self.pools_from!r}"
+            ) from None
+        watch = self.pools_from is PoolSource.KUBERNETES
+        if not 1 <= self.worker_port <= 65535:
+            raise GatewayConfigError(f"worker_port must be in 1..65535, got {self.worker_port}")
+        if watch and not self.kubernetes_selector.strip():
+            raise GatewayConfigError("--kubernetes-selector must not be empty")
+        if self.kubernetes_api and not self.kubernetes_api.startswith(("http://", "https://")):
+            raise GatewayConfigError(
+                f"--kubernetes-api must start with http:// or https://, got {self.kubernetes_api!r}"
+            )
         try:
             object.__setattr__(self, "kv_handoff", KVHandoff(self.kv_handoff))
         except ValueError:
@@ -90,12 +130,13 @@ class GatewayConfig:
                 f"one pool (got colocated={list(self.colocated)}, prefill={list(self.prefill)}, "
                 f"decode={list(self.decode)})"
             )
-        if not (self.prefill or self.decode or self.colocated or self.control_plane):
+        if not (self.prefill or self.decode or self.colocated or self.control_plane or watch):
             raise GatewayConfigError(
                 "no upstream: give --prefill and --decode URLs, --colocated URLs, or "
-                "--control-plane to learn them from the fleet registry"
+                "--control-plane to learn them from the fleet registry (or "
+                "--pools-from=kubernetes: from the worker pods' labels)"
             )
-        if bool(self.prefill) != bool(self.decode) and not self.control_plane:
+        if bool(self.prefill) != bool(self.decode) and not (self.control_plane or watch):
             raise GatewayConfigError(
                 "PD mode needs both pools: got "
                 f"{len(self.prefill)} --prefill and {len(self.decode)} --decode URLs"
@@ -123,6 +164,11 @@ class GatewayConfig:
             raise GatewayConfigError(
                 f"--control-plane must start with http:// or https://, got {self.control_plane!r}"
             )
+
+    @property
+    def fleet_sync(self) -> bool:
+        """Whether the pools follow the fleet registry (a control plane, and no watcher)."""
+        return bool(self.control_plane) and self.pools_from is PoolSource.FLEET
 
     @property
     def colocated_mode(self) -> bool:

@@ -11,7 +11,9 @@ the pool; every ``heartbeat_s`` it registers the gateway (``POST /api/v1/fleet/r
 agent key) or beats (``POST /api/v1/fleet/{id}/heartbeat``; a 404 means the control plane
 forgot the gateway, so it registers again). Every call has a timeout; a failure is counted
 and logged once until the control plane answers again, and the pool keeps what it last
-knew, so serving goes on while the control plane is down.
+knew, so serving goes on while the control plane is down. With ``pools_from=kubernetes``
+the fleet sync is off (the pods' labels are the membership:
+:mod:`serving.gateway.kubernetes`); registration, heartbeats and commands go on.
 
 The messages are the fleet contract's (:mod:`exporters.fleet`: ``FleetPage``,
 ``FleetRegister``, ``FleetHeartbeat``). With the agent key it also polls its commands every
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -125,20 +128,26 @@ class ControlPlaneLink:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_fleet = next_beat = next_poll = loop.time()
+        never = math.inf
+        sync = self.config.fleet_sync
         agent = bool(self.config.agent_key)
+        next_fleet = loop.time() if sync else never
+        next_beat = next_poll = loop.time() if agent else never
         while not self._stop.is_set():
             now = loop.time()
             if now >= next_fleet:
                 await self.sync_fleet()
                 next_fleet = now + self.config.fleet_refresh_s
-            if now >= next_beat and agent:
+            if now >= next_beat:
                 await self.beat()
                 next_beat = now + self.config.heartbeat_s
-            if now >= next_poll and agent and self._registered:
+            if now >= next_poll and self._registered:
                 await self.poll_commands()
                 next_poll = now + self.config.command_poll_s
-            due = min(next_fleet, next_beat, next_poll) if agent else next_fleet
+            due = min(next_fleet, next_beat, next_poll)
+            if due == never:  # nothing to do: neither fleet sync nor agent key
+                await self._stop.wait()
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=max(0.05, due - loop.time()))
 

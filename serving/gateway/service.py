@@ -7,7 +7,8 @@ Routes (OpenAI-compatible where OpenAI defines them):
   (:mod:`serving.gateway.relay`);
 * ``GET /v1/models``: the first reachable instance's answer;
 * ``GET /health``: the gateway's own liveness, its admission mode and policy version, its
-  KV hand-off protocol and its pools (200 while it runs);
+  KV hand-off protocol, where its pools come from (``pools_from``: ``fleet`` or
+  ``kubernetes``, with the watch's state) and its pools (200 while it runs);
 * ``GET /metrics``: Prometheus text from the gateway's registry — request histograms and
   counters of :class:`~exporters.prometheus.PrometheusExporter` and the gateway's own
   (:mod:`serving.gateway.metrics`).
@@ -35,7 +36,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from exporters.sinks import RecordSink
 from serving.gateway.admission import AdmissionHook
 from serving.gateway.admission_policy import PolicyAdmission
-from serving.gateway.config import GatewayConfig
+from serving.gateway.config import GatewayConfig, PoolSource
+from serving.gateway.kubernetes import KubernetesAPI, PodWatcher, in_cluster_namespace
 from serving.gateway.relay import RelayResponse
 from serving.gateway.routing import NoInstanceError, RouteRequest
 from serving.gateway.state import Gateway, error_response
@@ -58,7 +60,11 @@ def create_app(
     registry and applies the admission policies it is sent
     (:class:`~serving.gateway.control.ControlPlaneLink`). Without ``admission`` the hook is
     :class:`~serving.gateway.admission_policy.PolicyAdmission` (admits everything until a
-    policy arrives)."""
+    policy arrives). With ``pools_from=kubernetes`` the lifespan runs a
+    :class:`~serving.gateway.kubernetes.PodWatcher` instead of the fleet sync (the link then
+    only registers the gateway and takes its commands); building it raises
+    :class:`~serving.gateway.kubernetes.KubernetesError` when the API server cannot be
+    configured (no in-cluster service account, no namespace)."""
     from serving.gateway.control import ControlPlaneLink, records_sink
 
     registry = registry if registry is not None else CollectorRegistry()
@@ -74,14 +80,21 @@ def create_app(
             gateway.load, clock_s=gateway.clock_s, registry=registry
         )
 
+    watcher = _pod_watcher(gateway) if config.pools_from is PoolSource.KUBERNETES else None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runner = ControlPlaneLink(gateway) if link and config.control_plane else None
-        if runner is not None:
+        runner = None
+        if link and config.control_plane and (config.fleet_sync or config.agent_key):
+            runner = ControlPlaneLink(gateway)
             runner.start()
+        if watcher is not None:
+            watcher.start()
         try:
             yield
         finally:
+            if watcher is not None:
+                await watcher.stop()
             if runner is not None:
                 await runner.stop()
             await gateway.aclose()
@@ -89,6 +102,7 @@ def create_app(
 
     app = FastAPI(title="Goodput gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.pod_watcher = watcher
 
     async def relay(request: Request) -> Response:
         arrival_ns = time.perf_counter_ns()
@@ -127,10 +141,39 @@ def create_app(
         version = hook.policy.version if isinstance(hook, PolicyAdmission) and hook.policy else None
         admission = {"mode": mode, "policy_version": version}
         return {"status": "ok", "gateway_id": config.gateway_id, "admission": admission,
-                "kv_handoff": config.kv_handoff.value, **gateway.pools()}  # fmt: skip
+                "kv_handoff": config.kv_handoff.value, "pools_from": pools_from(),
+                **gateway.pools()}  # fmt: skip
+
+    def pools_from() -> dict[str, Any]:
+        source: dict[str, Any] = {"source": config.pools_from.value}
+        if watcher is not None:
+            source.update(connected=watcher.connected, namespace=watcher.namespace,
+                          resource_version=watcher.resource_version,
+                          pods=len(watcher.pods))  # fmt: skip
+        return source
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _pod_watcher(gateway: Gateway) -> PodWatcher:
+    """The pool's watcher: an explicit ``kubernetes_api`` is used as is (no token: for
+    ``kubectl proxy`` or a test), else the in-cluster API server and service account."""
+    config = gateway.config
+    api = (
+        KubernetesAPI(config.kubernetes_api)
+        if config.kubernetes_api
+        else KubernetesAPI.in_cluster()
+    )
+    return PodWatcher(
+        gateway.pool.apply_fleet,
+        api=api,
+        namespace=config.kubernetes_namespace or in_cluster_namespace(),
+        selector=config.kubernetes_selector,
+        port=config.worker_port,
+        registry=gateway.registry,
+        connect_timeout_s=config.connect_timeout_s,
+    )
