@@ -209,6 +209,18 @@ def in_cluster_namespace() -> str:
         ) from None
 
 
+async def _http_error(what: str, response: httpx.Response) -> KubernetesError:
+    """The error of a refused call, with the start of the server's answer (a ``Status``
+    names the reason: a missing RBAC right reads ``pods is forbidden: ...``)."""
+    head = bytearray()
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) >= 1000:
+            break
+    text = head[:1000].decode("utf-8", "replace")
+    return KubernetesError(f"{what} answered HTTP {response.status_code}: {text}")
+
+
 # -- the watch loop --
 
 
@@ -350,8 +362,7 @@ class PodWatcher:
             "GET", self.path, params=params, headers=self._headers()
         ) as response:
             if response.status_code != 200:
-                await response.aclose()
-                raise KubernetesError(f"listing pods answered HTTP {response.status_code}")
+                raise await _http_error("listing pods", response)
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk
@@ -386,7 +397,7 @@ class PodWatcher:
             if response.status_code == 410:
                 raise _GoneError
             if response.status_code != 200:
-                raise KubernetesError(f"watching pods answered HTTP {response.status_code}")
+                raise await _http_error("watching pods", response)
             self.connected = True
             if self._failing:
                 self._failing = False

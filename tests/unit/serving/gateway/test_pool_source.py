@@ -73,3 +73,17 @@ async def test_with_kubernetes_and_no_agent_key_the_link_idles_until_stopped() -
     await asyncio.sleep(0.1)
     await asyncio.wait_for(link.stop(), 2)
     assert cp.calls == []
+
+
+def test_the_cli_outside_a_pod_says_how_to_reach_an_api_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from goodput.cli import app
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    out = CliRunner().invoke(app, ["gateway", "--pools-from", "kubernetes"])
+    assert out.exit_code == 2
+    assert "KUBERNETES_SERVICE_HOST is not set" in out.output
+    assert "--kubernetes-api" in out.output
