@@ -21,11 +21,11 @@ the fleet registry (docs/deploy.md, "Roles are labels"):
   not a watch event is logged and skipped. Nothing is allocated by a size the server
   sends: the list's body and each line are read in chunks against fixed bounds.
 
-:class:`KubernetesAPI` is where the API server is and how to authenticate:
-:meth:`KubernetesAPI.in_cluster` reads the service account's token, CA and namespace
-(``/var/run/secrets/kubernetes.io/serviceaccount``) and ``KUBERNETES_SERVICE_HOST`` /
-``KUBERNETES_SERVICE_PORT``; the token is read again at every (re)connection (kubelet
-rotates it).
+:class:`~serving.kubernetes_api.KubernetesAPI` (shared with the workers' relabelling;
+re-exported here) is where the API server is and how to authenticate: ``in_cluster`` reads
+the service account's token, CA and namespace (``/var/run/secrets/kubernetes.io/
+serviceaccount``) and ``KUBERNETES_SERVICE_HOST`` / ``KUBERNETES_SERVICE_PORT``; the token
+is read again at every (re)connection (kubelet rotates it).
 
 Metrics (on the gateway's registry): ``goodput_gateway_pool_watch_connected`` (1 while a
 watch stream is open on a fresh list), ``goodput_gateway_pool_watch_relists_total``,
@@ -38,17 +38,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from exporters.fleet import FleetKind, FleetMember, FleetState, PoolRole
+from serving.kubernetes_api import (
+    ROLE_LABEL,
+    KubernetesAPI,
+    KubernetesError,
+    in_cluster_namespace,
+)
 
 __all__ = [
     "DEFAULT_SELECTOR",
@@ -57,21 +60,16 @@ __all__ = [
     "KubernetesError",
     "PodMembers",
     "PodWatcher",
+    "in_cluster_namespace",
     "pod_members",
 ]
 
 logger = logging.getLogger(__name__)
 
-ROLE_LABEL = "goodput.dev/role"
 DEFAULT_SELECTOR = "app.kubernetes.io/component=worker"
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_LINE_BYTES = 1 << 20  # one watch event (a pod object is a few KiB)
 MAX_LIST_BYTES = 64 << 20  # one pod list
 _ROLES = {r.value: r for r in PoolRole}
-
-
-class KubernetesError(RuntimeError):
-    """The API server cannot be reached or used as configured; the message says why."""
 
 
 class _GoneError(Exception):
@@ -158,55 +156,6 @@ def _resource_version(obj: Any) -> str | None:
 
 
 # -- the API server --
-
-
-@dataclass(frozen=True, slots=True)
-class KubernetesAPI:
-    """Where the API server is (``url``), how to trust it (``ca_file``; ``None``: the
-    system's CAs) and the file of the bearer token (``None``: no token)."""
-
-    url: str
-    token_file: Path | None = None
-    ca_file: Path | None = None
-
-    @classmethod
-    def in_cluster(cls, environ: Mapping[str, str] | None = None) -> KubernetesAPI:
-        env = os.environ if environ is None else environ
-        host = env.get("KUBERNETES_SERVICE_HOST")
-        port = env.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise KubernetesError(
-                "KUBERNETES_SERVICE_HOST is not set: not running in a pod; give the API "
-                "server's URL (--kubernetes-api) or use --pools-from=fleet"
-            )
-        host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", SERVICE_ACCOUNT / "token", SERVICE_ACCOUNT / "ca.crt")
-
-    def token(self) -> str | None:
-        if self.token_file is None:
-            return None
-        try:
-            return self.token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise KubernetesError(f"cannot read the service-account token: {exc}") from None
-
-    def verify(self) -> ssl.SSLContext | bool:
-        if self.ca_file is None:
-            return True
-        try:
-            return ssl.create_default_context(cafile=str(self.ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            raise KubernetesError(f"cannot read the cluster CA {self.ca_file}: {exc}") from None
-
-
-def in_cluster_namespace() -> str:
-    """The pod's namespace from its service account (the downward API's is preferred)."""
-    try:
-        return (SERVICE_ACCOUNT / "namespace").read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise KubernetesError(
-            f"no namespace given and none readable from the service account: {exc}"
-        ) from None
 
 
 async def _http_error(what: str, response: httpx.Response) -> KubernetesError:
@@ -350,8 +299,7 @@ class PodWatcher:
             delay_s = min(self.max_backoff_s, delay_s * 2)
 
     def _headers(self) -> dict[str, str]:
-        token = self.api.token()
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return self.api.headers()
 
     async def relist(self) -> None:
         """One list of the worker pods: the membership is replaced by what it says."""
