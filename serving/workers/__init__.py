@@ -27,6 +27,8 @@ from serving.workers.kv_folder import (
 )
 from serving.workers.launcher import ServerError, VllmServer
 from serving.workers.load import WorkerLoad, metric_sum, parse_load
+from serving.workers.readiness import ReadinessServer
+from serving.workers.relabel import PodRelabeler, relabelling
 from serving.workers.supervisor import (
     SupervisorSettings,
     WorkerStatus,
@@ -46,6 +48,8 @@ __all__ = [
     "KVFolderPolicy",
     "KVFolderStatus",
     "LaunchPlan",
+    "PodRelabeler",
+    "ReadinessServer",
     "RestartBackoff",
     "ServerError",
     "SpecError",
@@ -62,4 +66,5 @@ __all__ = [
     "metric_sum",
     "parse_load",
     "plan_gc",
+    "relabelling",
 ]

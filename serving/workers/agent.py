@@ -7,7 +7,8 @@ The client side of the fleet contract (:mod:`exporters.fleet`; the key needs rol
   plane forgot us (a heartbeat's 404), and when the role changes (the heartbeat carries no
   role);
 * :class:`~exporters.fleet.FleetHeartbeat` every ``heartbeat_interval_s``;
-* commands (:mod:`exporters.commands`): the pending ones for ``member_id``
+* commands (:mod:`exporters.commands`; on Kubernetes ``set_role`` also relabels the pod,
+  :mod:`serving.workers.relabel`): the pending ones for ``member_id``
   (:func:`~exporters.commands.pending_commands_from_json`), each acknowledged with its
   :class:`~exporters.commands.CommandAck`. A 404/405 on the poll means the routes are
   absent: the agent says so once and asks again every ``command_retry_s``.
@@ -48,6 +49,7 @@ from exporters.fleet import (
 )
 from serving.workers.backoff import RestartBackoff
 from serving.workers.commands import ApplyFn, CommandExecutor
+from serving.workers.relabel import PodRelabeler, relabelling
 
 __all__ = ["FLEET_PATH", "Agent", "AgentReport", "AgentSettings", "AgentStats"]
 
@@ -104,8 +106,10 @@ class AgentStats:
 class Agent:
     """Runs :meth:`step` on a daemon thread until :meth:`stop`. ``report`` is called for
     each registration and heartbeat; ``apply(kind, payload)`` runs a command (see
-    :class:`~serving.workers.commands.CommandExecutor`). ``transport`` replaces httpx's
-    network transport (tests)."""
+    :class:`~serving.workers.commands.CommandExecutor`). With ``relabeler`` (on Kubernetes),
+    ``set_role`` also relabels the worker's pod, and is acknowledged done only once the
+    API server took the patch (:mod:`serving.workers.relabel`). ``transport`` replaces
+    httpx's network transport (tests)."""
 
     def __init__(
         self,
@@ -113,10 +117,14 @@ class Agent:
         *,
         report: Callable[[], AgentReport],
         apply: ApplyFn,
+        relabeler: PodRelabeler | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self._report = report
+        self.relabeler = relabeler
+        if relabeler is not None:
+            apply = relabelling(apply, relabeler)
         self.executor = CommandExecutor(settings.member_id, apply)
         headers = {"Authorization": f"Bearer {settings.key}"} if settings.key else {}
         self._client = httpx.Client(
@@ -162,6 +170,8 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._client.close()
+        if self.relabeler is not None:
+            self.relabeler.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

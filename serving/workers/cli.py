@@ -3,11 +3,20 @@
     goodput worker --engine vllm --model DIR --role prefill|decode|both --port P
                    [--control-plane URL --agent-key KEY [--ingest-key KEY]]
                    [--kv-dir DIR] [--cpu N] [--device cpu|cuda] [--nice N] [--sched-idle]
-                   [--print-plan]
+                   [--ready-port P] [--kubernetes-relabel --pod-name NAME
+                   [--pod-namespace NS] [--kubernetes-api URL]] [--print-plan]
 
 Registered on the ``goodput`` typer app by :func:`register`. SIGINT/SIGTERM stop the worker
 and its server. ``--print-plan`` prints the command line and the environment variables it
 sets (JSON) and exits without starting anything.
+
+On Kubernetes (docs/deploy.md, "Roles are labels"): ``--ready-port`` serves ``/ready``
+(200 only while the worker is ready: not starting, draining or down;
+:mod:`serving.workers.readiness`) for the pod's readinessProbe, and
+``--kubernetes-relabel`` makes ``set_role`` patch the pod's ``goodput.dev/role`` label
+(:mod:`serving.workers.relabel`) through the in-cluster API server with the pod's service
+account, or through ``--kubernetes-api`` without a token (``kubectl proxy``, tests). Both
+are for ``--engine vllm`` for now.
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ from typing import Annotated
 import typer
 
 from exporters.fleet import PoolRole
+from serving.kubernetes_api import KubernetesAPI, KubernetesError, in_cluster_namespace
 from serving.workers.agent import AgentSettings
 from serving.workers.config import Device, SpecError, VllmSpec, build_launch
 from serving.workers.kv_folder import KVFolderPolicy
 from serving.workers.launcher import ServerError
+from serving.workers.readiness import ReadinessServer
+from serving.workers.relabel import PodRelabeler
 from serving.workers.supervisor import SupervisorSettings, WorkerSupervisor
 
 __all__ = ["PLUGIN_ENV", "register", "worker"]
@@ -101,6 +113,37 @@ def worker(
             "gateway or client on its cores"
         ),
     ] = False,
+    ready_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="serve /ready on this port: 200 only while ready (not starting, draining "
+            "or down), for a Kubernetes readinessProbe; vllm only",
+        ),
+    ] = None,
+    kubernetes_relabel: Annotated[
+        bool,
+        typer.Option(
+            help="set_role also patches this pod's goodput.dev/role label (needs --pod-name "
+            "and get/patch on pods); vllm only"
+        ),
+    ] = False,
+    pod_name: Annotated[
+        str, typer.Option(help="this worker's pod (downward API)", envvar="POD_NAME")
+    ] = "",
+    pod_namespace: Annotated[
+        str,
+        typer.Option(
+            help="the pod's namespace (default: the service account's)", envvar="POD_NAMESPACE"
+        ),
+    ] = "",
+    kubernetes_api: Annotated[
+        str | None,
+        typer.Option(
+            help="API server URL, used without a token (kubectl proxy); default: in-cluster"
+        ),
+    ] = None,
     print_plan: Annotated[bool, typer.Option(help="print the launch plan and exit")] = False,
 ) -> None:
     """Start and supervise one vLLM server (restarts, KV folder GC, control-plane agent).
@@ -111,6 +154,13 @@ def worker(
         typer.echo(f"error: --engine must be one of {', '.join(ENGINES)}, got {engine!r}", err=True)
         raise typer.Exit(code=2)
     if engine == "sim":
+        if kubernetes_relabel or ready_port is not None:
+            typer.echo(
+                "error: --kubernetes-relabel and --ready-port are for --engine vllm; the sim "
+                "worker does not take them yet",
+                err=True,
+            )
+            raise typer.Exit(code=2)
         from serving.sim.worker.cli import cli_main
 
         cli_main(
@@ -156,7 +206,10 @@ def worker(
                 model=spec.model_name,
                 heartbeat_interval_s=heartbeat_interval_s,
             )
-    except (SpecError, ValueError) as exc:
+        relabeler = None
+        if kubernetes_relabel and not print_plan:
+            relabeler = _relabeler(agent, pod_name, pod_namespace, kubernetes_api)
+    except (SpecError, ValueError, KubernetesError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     if print_plan:
@@ -167,7 +220,21 @@ def worker(
     if not (model / "config.json").is_file():
         typer.echo(f"error: --model {model} has no config.json", err=True)
         raise typer.Exit(code=2)
-    _serve(spec, role, policy, agent, run_dir)
+    _serve(spec, role, policy, agent, run_dir, relabeler=relabeler, ready_port=ready_port)
+
+
+def _relabeler(
+    agent: AgentSettings | None, pod_name: str, pod_namespace: str, api_url: str | None
+) -> PodRelabeler:
+    """The pod relabelling of ``--kubernetes-relabel`` (raises with what is missing)."""
+    if agent is None:
+        raise ValueError("--kubernetes-relabel needs --control-plane (set_role comes from it)")
+    if not pod_name:
+        raise ValueError("--kubernetes-relabel needs --pod-name (or POD_NAME) to be set")
+    if api_url and not api_url.startswith(("http://", "https://")):
+        raise ValueError(f"--kubernetes-api must start with http:// or https://, got {api_url!r}")
+    api = KubernetesAPI(api_url) if api_url else KubernetesAPI.in_cluster()
+    return PodRelabeler(api, namespace=pod_namespace or in_cluster_namespace(), pod=pod_name)
 
 
 def _serve(
@@ -176,6 +243,9 @@ def _serve(
     policy: KVFolderPolicy,
     agent: AgentSettings | None,
     run_dir: Path | None,
+    *,
+    relabeler: PodRelabeler | None = None,
+    ready_port: int | None = None,
 ) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per health check
@@ -188,7 +258,12 @@ def _serve(
         role=role,
         settings=SupervisorSettings(kv_policy=policy),
         agent=agent,
+        relabeler=relabeler,
     )
+    ready = None
+    if ready_port is not None:  # before the engine: the probe then reads 503 "starting"
+        ready = ReadinessServer(lambda: supervisor.status().state, host=spec.host, port=ready_port)
+        ready.start()
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
@@ -203,6 +278,8 @@ def _serve(
             pass
     finally:
         supervisor.stop()
+        if ready is not None:
+            ready.stop()
         if temporary:
             shutil.rmtree(folder, ignore_errors=True)
 

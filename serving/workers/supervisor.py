@@ -17,8 +17,10 @@ thread that lives as long as the supervisor). Every ``health_interval_s`` the th
 Commands (through the optional :class:`~serving.workers.agent.Agent`): ``drain`` reports
 state ``draining`` and then ``drained`` once no request is running or waiting (the gateway
 stops routing to a draining worker; vLLM itself keeps answering what it gets); ``resume``
-undoes it; ``set_role`` changes the reported pool. Instances run with ``kv_role``
-``kv_both``, so no command restarts vLLM.
+undoes it; ``set_role`` changes the reported pool (and on Kubernetes the pod's role label
+first). The state is also what ``/ready`` answers (:mod:`serving.workers.readiness`: 200
+only while ``ready``), so on Kubernetes a draining pod leaves the gateways' pools.
+Instances run with ``kv_role`` ``kv_both``, so no command restarts vLLM.
 
 Example::
 
@@ -50,6 +52,7 @@ from serving.workers.config import VllmSpec
 from serving.workers.kv_folder import GCResult, KVFolder, KVFolderPolicy
 from serving.workers.launcher import ServerError, VllmServer
 from serving.workers.load import WorkerLoad, parse_load
+from serving.workers.relabel import PodRelabeler
 
 __all__ = [
     "ServerHandle",
@@ -120,7 +123,8 @@ class ServerHandle(Protocol):
 
 class WorkerSupervisor:
     """One supervised vLLM server; see the module docstring. ``agent`` (optional) registers
-    the worker with a control plane; ``kv_folder`` defaults to the spec's ``kv_dir``;
+    the worker with a control plane, and ``relabeler`` makes its ``set_role`` relabel the
+    pod (:mod:`serving.workers.relabel`); ``kv_folder`` defaults to the spec's ``kv_dir``;
     ``server`` replaces the :class:`VllmServer` built from ``spec`` (tests)."""
 
     def __init__(
@@ -131,6 +135,7 @@ class WorkerSupervisor:
         role: PoolRole = PoolRole.BOTH,
         settings: SupervisorSettings | None = None,
         agent: AgentSettings | None = None,
+        relabeler: PodRelabeler | None = None,
         kv_folder: KVFolder | None = None,
         server: ServerHandle | None = None,
     ) -> None:
@@ -156,7 +161,9 @@ class WorkerSupervisor:
         self._last_exit: int | None = None
         self._kv_gc: GCResult | None = None
         self.agent = (
-            None if agent is None else Agent(agent, report=self.report, apply=self.apply_command)
+            None
+            if agent is None
+            else Agent(agent, report=self.report, apply=self.apply_command, relabeler=relabeler)
         )
 
     # -- public API --

@@ -6,7 +6,11 @@ list (``{"kind": "PodList", "metadata": {"resourceVersion"}, "items"}``) or, wit
 (:meth:`FakeKubernetes.send`, :meth:`FakeKubernetes.send_raw`) and ends
 (:meth:`FakeKubernetes.end_watch`). ``list_status`` / ``watch_status`` make the next calls
 fail with that HTTP status (a ``Status`` body, as the API server sends). Every call's
-query is kept in ``lists`` and ``watches``. Plain ``http.server`` in a thread (HTTP/1.0:
+query is kept in ``lists`` and ``watches``. ``PATCH .../pods/NAME`` (a JSON merge patch
+of the labels, as a worker's relabelling sends) changes the stored pod and, while a watch is
+open, sends it as a ``MODIFIED`` event; each is kept in ``patches`` (name, content type,
+body), and ``patch_status`` makes the next ones fail (403 with the message the API server
+gives a missing right). Plain ``http.server`` in a thread (HTTP/1.0:
 the watch's body ends when the connection closes, as a chunked one ends with its last
 chunk).
 """
@@ -67,6 +71,8 @@ class FakeKubernetes:
         self.lists: list[dict[str, list[str]]] = []
         self.watches: list[dict[str, list[str]]] = []
         self.headers: list[dict[str, str]] = []
+        self.patch_status: list[int] = []  # statuses the next patches answer with
+        self.patches: list[dict[str, Any]] = []
         self._streams: list[queue.Queue[bytes]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -177,9 +183,56 @@ class FakeKubernetes:
                     except OSError:
                         return
 
-            def _status(self, code: int, reason: str) -> None:
-                self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                  "reason": reason, "code": code})  # fmt: skip
+            def do_PATCH(self) -> None:
+                prefix = f"/api/v1/namespaces/{fake.namespace}/pods/"
+                path = urlsplit(self.path).path
+                fake.headers.append(dict(self.headers.items()))
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                name = path[len(prefix) :] if path.startswith(prefix) else ""
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = None
+                fake.patches.append({"name": name, "body": body,
+                                     "content_type": self.headers.get("Content-Type")})  # fmt: skip
+                if fake.patch_status:
+                    code = fake.patch_status.pop(0)
+                    if code != 403:
+                        self._status(code, "InternalError")
+                        return
+                    message = (
+                        f'pods "{name}" is forbidden: User "system:serviceaccount:'
+                        f'{fake.namespace}:goodput-worker" cannot patch resource "pods" in '
+                        f'API group "" in the namespace "{fake.namespace}"'
+                    )
+                    self._status(code, "Forbidden", message)
+                    return
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    self._status(415, "UnsupportedMediaType")
+                    return
+                if name not in fake.pods:
+                    self._status(404, "NotFound", f'pods "{name}" not found')
+                    return
+                labels = (body or {}).get("metadata", {}).get("labels", {})
+                updated = json.loads(json.dumps(fake.pods[name]))
+                for key, value in labels.items():
+                    if value is None:
+                        updated["metadata"]["labels"].pop(key, None)
+                    else:
+                        updated["metadata"]["labels"][key] = value
+                if fake.num_streams:
+                    fake.send("MODIFIED", updated)
+                else:
+                    fake.put(updated)
+                self._json(200, fake.pods[name])
+
+            def _status(self, code: int, reason: str, message: str = "") -> None:
+                status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "reason": reason, "code": code}  # fmt: skip
+                if message:
+                    status["message"] = message
+                self._json(code, status)
 
             def _json(self, code: int, body: Any) -> None:
                 data = json.dumps(body).encode()
