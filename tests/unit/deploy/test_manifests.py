@@ -34,8 +34,9 @@ ROLE_LABEL = "goodput.dev/role"
 ROLES = {"prefill", "decode"}
 POD_KINDS = {"Deployment", "Job"}
 # vLLM's OpenAI server and the sim worker both serve GET /health (the worker supervisor
-# polls the same path: serving/workers/launcher.py, serving/sim/worker/server.py).
-WORKER_ROUTES = {"/health", "/metrics"}
+# polls the same path: serving/workers/launcher.py, serving/sim/worker/server.py); the vLLM
+# worker's readiness server serves /ready (serving/workers/readiness.py).
+WORKER_ROUTES = {"/health", "/metrics", "/ready"}
 
 needs_kubectl = pytest.mark.skipif(
     KUBECTL is None,
