@@ -146,6 +146,7 @@ async def dry_run(principal: Viewer, live: LiveRuntimeDep, body: SLODryRun) -> S
         window_s=candidate.window_s,
         vantage=candidate.vantage,
         availability_target=candidate.availability_target,
+        infeasible=candidate.infeasible,
         version=1,
     )
     try:
