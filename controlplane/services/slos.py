@@ -82,7 +82,7 @@ def to_spec(slo: SLO) -> SLOSpec:
         vantage=Vantage.GATEWAY if slo.vantage is SLOVantage.GATEWAY else Vantage.ENGINE,
         availability_target=slo.availability_target,
         version=slo.version,
-        infeasible=slo.infeasible,
+        infeasible=slo.infeasible or "admit",  # a row not yet flushed has no default yet
     )
 
 

@@ -23,6 +23,7 @@ def row(**overrides: object) -> SLO:
         "window_s": 2_419_200,
         "vantage": SLOVantage.ENGINE,
         "availability_target": 0.999,
+        "infeasible": "reject",
         "version": 4,
     }
     fields.update(overrides)
@@ -38,6 +39,8 @@ def test_every_field_carries_over() -> None:
     assert dict(spec.selector) == {"model": "llama", "tenant": "acme"}
     assert spec.vantage is Vantage.ENGINE
     assert spec.availability_target == 0.999
+    assert spec.infeasible == "reject"
+    assert to_spec(row(infeasible=None)).infeasible == "admit"  # not flushed: the default
     assert spec.objective_keys == ("ttft", "itl_p99")
 
 
