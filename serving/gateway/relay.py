@@ -167,7 +167,9 @@ class _Job:
                 headers.append(
                     (b"retry-after", str(max(1, round(decision.retry_after_s))).encode())
                 )
-            await self._reply_error(429, self.reason, "rate_limited", headers, decision.detail())
+            await self._reply_error(
+                decision.status_code, self.reason, decision.error_type, headers, decision.detail()
+            )
             return
         try:
             route = self._route(frozenset())

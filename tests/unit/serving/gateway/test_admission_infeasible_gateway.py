@@ -78,14 +78,9 @@ async def test_an_slo_that_rejects_answers_at_once_with_a_clear_body(gw: Harness
         )
         is None
     )
-    assert status in (400, 429)  # 400 once the relay answers Decision.status_code
+    assert status == 400
 
 
-@pytest.mark.xfail(
-    reason="serving/gateway/relay.py answers 429 rate_limited to every refusal; it is to "
-    "answer Decision.status_code and Decision.error_type (400 infeasible_request here)",
-    strict=True,
-)
 async def test_the_refusal_is_a_400(gw: Harness) -> None:
     status, body, _ = await ask(gw, "strict")
     assert status == 400
