@@ -18,7 +18,7 @@ class LeaderLease(Base):
     ``holder`` runs the loops until ``expires_at``; it renews before then. ``epoch`` is the
     fencing token: it grows by one each time the lease changes hands, and every loop
     transaction checks, under a row lock, that it still holds the epoch it started with
-    (``controlplane.leadership``).
+    (``controlplane.runtime.leadership``).
     """
 
     __tablename__ = "leader_lease"

@@ -4,7 +4,7 @@
 (:class:`~controlplane.policies.learning.LearnedParams`), the SLO registry (the engine's
 :class:`~controlplane.goodput.SLOSpec` set) and each SLO's current burn rate — into an
 :class:`exporters.admission.AdmissionPolicy`. No clock, no I/O: the runtime
-(``controlplane.admission_runtime``) calls it and ships the result; the simulator's
+(``controlplane.runtime.admission``) calls it and ships the result; the simulator's
 adapter (``serving.sim.control.admission``) calls it too.
 
 * **Per SLO**: the allowed TTFT and ITL are the SLO's targets

@@ -1,6 +1,6 @@
 """The PD rebalancing planner: which split of instances between the prefill and decode
 pools maximises predicted goodput, and which instances to move there. Pure: no I/O, the
-clock is ``snapshot.now_s``; the control plane (``controlplane.planner_runtime``) and the
+clock is ``snapshot.now_s``; the control plane (``controlplane.runtime.planner``) and the
 simulator (``serving.sim.control.planner``) run this same function.
 
 **The model.** For a candidate split of ``n_p`` prefill and ``n_d`` decode instances, with
