@@ -2,7 +2,9 @@
 
 :func:`map_spans` turns the ``llm_request`` spans of an ``ExportTraceServiceRequest`` (read
 by :mod:`controlplane.ingest.otlp_codec`) into one :class:`RecordBatch` with vantage
-``ENGINE`` (unless ``goodput.vantage`` says otherwise) and arrival = span start:
+``ENGINE`` (unless ``goodput.vantage`` says otherwise) and arrival = span start; an engine
+record's request id is the client's ``X-Request-Id`` behind vLLM's ``gen_ai.request.id``
+(``cmpl-<id>-0`` → ``<id>``: :func:`~controlplane.ingest.otlp_attributes.client_request_id`):
 
 * a span with :data:`TOKEN_EVENT` events gives ``FULL`` detail: one emission per event at
   its time (one token each, or ``goodput.tokens`` when the completion count says some
@@ -249,6 +251,10 @@ def _add_span(rows: _Rows, index: int, span: Any, service: str) -> None:
         raise ValueError(f"{attr.ATTR_PROMPT_TOKENS} must be an integer >= 0, got {prompt}")
     status, reason = _status(span, attrs)
     vantage = _vantage(attrs)
+    if vantage is Vantage.ENGINE:
+        # vLLM's id is ``cmpl-<X-Request-Id>-0``: the engine record joins the gateway's by
+        # the client's id, as the stat-logger plugin's records do.
+        request_id = attr.client_request_id(request_id)
     model = (
         attr.text(attrs, attr.ATTR_REQUEST_MODEL)
         or attr.text(attrs, attr.ATTR_RESPONSE_MODEL)

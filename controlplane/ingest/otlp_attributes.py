@@ -45,6 +45,7 @@ __all__ = [
     "STATUS_NAMES",
     "TOKEN_EVENT",
     "VANTAGE_NAMES",
+    "client_request_id",
     "number",
     "text",
     "value_of",
@@ -80,6 +81,8 @@ STATUS_NAMES: Mapping[str, Status] = {
 }
 VANTAGE_NAMES: Mapping[str, Vantage] = {v.name.lower(): v for v in Vantage}
 MAX_LABEL_CHARS = 200
+#: The endpoint prefixes of vLLM's OpenAI server's request ids.
+_VLLM_ID_PREFIXES = ("chatcmpl-", "cmpl-")
 
 
 def value_of(any_value: Any) -> object:
@@ -114,3 +117,22 @@ def text(attributes: Mapping[str, Any], key: str) -> str:
         return ""
     value = value_of(raw)
     return value[:MAX_LABEL_CHARS] if isinstance(value, str) else ""
+
+
+def client_request_id(engine_request_id: str) -> str:
+    """The client's ``X-Request-Id`` behind a vLLM request id (``gen_ai.request.id``).
+
+    vLLM's OpenAI server names a request ``cmpl-<X-Request-Id>-<prompt index>`` on
+    ``/v1/completions`` and ``chatcmpl-<X-Request-Id>`` on ``/v1/chat/completions``, and its
+    span carries that name. The prefix and the completions prompt index 0 are removed (as
+    the stat-logger plugin does for its records), so an engine record joins the gateway's
+    record of the same request: ``cmpl-gw-1-0`` → ``gw-1``; other indices stay
+    (``cmpl-gw-1-2`` → ``gw-1-2``); ids of other shapes are returned unchanged.
+    """
+    for prefix in _VLLM_ID_PREFIXES:
+        if engine_request_id.startswith(prefix):
+            rest = engine_request_id[len(prefix) :]
+            if prefix == "cmpl-" and rest.endswith("-0"):
+                rest = rest[:-2]
+            return rest or engine_request_id
+    return engine_request_id

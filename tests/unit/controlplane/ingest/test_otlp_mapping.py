@@ -34,7 +34,7 @@ def test_a_vllm_span_becomes_a_summary_engine_record() -> None:
     mapping = map_spans(export_request(span(vllm_attributes(**{"gen_ai.response.model": "m"}))))
     assert (mapping.num_spans, mapping.num_ignored, mapping.num_rejected) == (1, 0, 0)
     (record,) = mapping.batch.records()
-    assert record.request_id == "cmpl-1"
+    assert record.request_id == "1"  # vLLM's "cmpl-1": the client's id
     assert record.vantage is Vantage.ENGINE
     assert record.token_detail is TokenDetail.SUMMARY
     assert record.arrival_time_ns == T0_NS
@@ -81,6 +81,26 @@ def test_model_comes_from_request_then_response_then_service(
 ) -> None:
     mapping = map_spans(export_request(span(vllm_attributes(**extra))))
     assert mapping.batch.labels["model"].decode() == [model]
+
+
+@pytest.mark.parametrize(
+    ("span_id", "vantage", "record_id"),
+    [
+        ("cmpl-gw-7-0", None, "gw-7"),  # /v1/completions, X-Request-Id gw-7
+        ("cmpl-gw-7-2", None, "gw-7-2"),  # the third prompt of a batch
+        ("chatcmpl-gw-7", None, "gw-7"),  # /v1/chat/completions
+        ("chatcmpl-gw-7", "engine", "gw-7"),
+        ("cmpl-", None, "cmpl-"),
+        ("req-9", None, "req-9"),  # another producer's id: unchanged
+        ("cmpl-gw-7-0", "gateway", "cmpl-gw-7-0"),  # a gateway's id is its own
+    ],
+)
+def test_an_engine_record_carries_the_client_request_id(
+    span_id: str, vantage: str | None, record_id: str
+) -> None:
+    extra = {"goodput.vantage": vantage} if vantage else {}
+    mapping = map_spans(export_request(span(vllm_attributes(request_id=span_id, **extra))))
+    assert mapping.batch.request_ids == [record_id]
 
 
 def test_token_events_give_full_detail_and_itl() -> None:
@@ -211,7 +231,7 @@ def test_protobuf_and_json_bodies_parse_to_the_same_records() -> None:
         json.dumps(document).encode(), "application/json; charset=utf-8"
     )
     a, b = map_spans(from_proto).batch, map_spans(from_json).batch
-    assert a.request_ids == b.request_ids == ["cmpl-1", "0102030405060708"]
+    assert a.request_ids == b.request_ids == ["1", "0102030405060708"]
     assert a.emission_offsets_us.tolist() == b.emission_offsets_us.tolist()
     assert np.array_equal(a.phase_offsets_us, b.phase_offsets_us)
 
