@@ -15,9 +15,11 @@ sketches   1 d         ceil(compliance / 1 d) + 2              longer windows
 =========  ==========  ======================================  ========================
 
 The sketch tiers are kept twice: for the requests the SLO judges, and for the OK requests
-its selector matches at the other vantage (percentiles per vantage; not judged, not in
-rollups). Rejections per priority class have counter tiers of their own, with the
-counters' ranges, made on the SLO's first rejection (:class:`RejectedByClass`).
+its selector matches at the other vantage (percentiles per vantage; not judged). Rejections
+per priority class have counter tiers of their own, with the counters' ranges, made on the
+SLO's first rejection (:class:`RejectedByClass`). A minute's rollup carries both (its
+classes' counts, the other vantage's sketches) when the SLO has them, and a loaded rollup
+restores them, so they survive a restart like the rest.
 
 Every accepted record is counted into every ring whose range holds its finish slot; each
 window then reads one ring. Counter windows are the ``ceil(W / r)`` slots ending with the
@@ -204,6 +206,14 @@ class RejectedByClass:
             tier.ring = tier.ring.remapped([*range(width - 1), None])
         return width - 1
 
+    def minute(self, minute: int) -> dict[str, int]:
+        """Rejections per class in one minute (the classes with any; empty when the minute
+        tier does not hold it)."""
+        row = self.tiers[1].ring.get(minute)
+        if row is None:
+            return {}
+        return {name: int(v) for name, v in zip(self.names, row.tolist(), strict=True) if v}
+
     def window(self, window_s: float, now: float) -> dict[str, int]:
         """Rejections per class over the window (the classes seen, zeros included)."""
         if not self.names:
@@ -246,7 +256,7 @@ class SLOState:
         self.counters = _counter_tiers(spec.window_s, width)
         self.sketches = _sketch_tiers(spec.window_s)
         # Latencies of the OK requests the selector matches at the other vantage (not
-        # judged, not persisted): percentiles per vantage beside the SLO's own. Made on the
+        # judged; in the rollups): percentiles per vantage beside the SLO's own. Made on the
         # first such request: an SLO whose traffic is seen at one vantage holds none.
         self.other_sketches: list[_Tier[SketchRing]] | None = None
         self.rejected_by_class: RejectedByClass | None = None
@@ -345,6 +355,8 @@ class SLOState:
         if self.other_sketches is None:
             self.other_sketches = _sketch_tiers(self.spec.window_s)
         _add_spans(self.other_sketches, adds, view.now_s)
+        # A minute with other-vantage requests only is still a minute to roll up.
+        self.dirty_minutes.update({slot10 // 6 for slot10, _, _, _ in adds.spans})
 
     def _track_in_flight(self, view: BatchView, selected: B) -> None:
         # Per-request Python work, bounded: one dict operation per selected row.
@@ -443,8 +455,13 @@ class SLOState:
     def rollup(self, minute: int) -> MinuteRollup | None:
         """The complete state of one minute, or ``None`` when no ring holds it."""
         counts = self.counters[1].ring.get(minute)
+        other = None if self.other_sketches is None else self.other_sketches[1].ring.get(minute)
+        if other is not None and not other.any():
+            other = None
         if counts is None or not counts.any():
-            return None
+            if other is None:
+                return None
+            counts = np.zeros(col.width(len(self.keys)), dtype=np.int64)
         ring = self.sketches[1].ring
         sketches = ring.get(minute)
         if sketches is None and minute <= int(ring.slots.max()) - ring.size:
@@ -466,12 +483,17 @@ class SLOState:
                 k: int(counts[col.BASE_COLUMNS + len(self.keys) + i])
                 for i, k in enumerate(self.keys)
             },
+            rejected_by_class=(
+                {} if self.rejected_by_class is None else self.rejected_by_class.minute(minute)
+            ),
+            other_sketch_blob=b"" if other is None else encode_sketch_blob(other),
+            vantage=self.spec.vantage.name.lower(),
         )
 
     def held_minutes(self) -> list[int]:
         """Minutes whose sketches are still kept (the range rollups can be re-emitted for)."""
-        ring = self.sketches[1].ring
-        return [int(m) for m in ring.slots[ring.slots >= 0].tolist()]
+        rings = [t[1].ring for t in (self.sketches, self.other_sketches) if t is not None]
+        return sorted({int(m) for ring in rings for m in ring.slots[ring.slots >= 0].tolist()})
 
     def load(self, rollup: MinuteRollup, now_s: int) -> None:
         """Add a rollup from storage into every ring whose range holds its minute."""
@@ -492,11 +514,22 @@ class SLOState:
         # The minute's per-second detail is gone: its counts go to its first second.
         second = int(rollup.minute_start.timestamp()) // 60 * 60
         self._add_counters(np.array([second]), counts[None, :], now_s)
-        sketches = decode_sketch_blob(rollup.sketch_blob)
-        for tier in self.sketches:
-            slot = second // tier.ring.resolution_s
-            if tier.holds_slot(slot, now_s):
-                tier.ring.add_dense(slot, sketches)
+        own, other = rollup.sketch_blob, rollup.other_sketch_blob
+        if rollup.vantage and rollup.vantage != self.spec.vantage.name.lower():
+            own, other = other, own  # written before the SLO's vantage changed
+        _load_sketches(self.sketches, decode_sketch_blob(own), second, now_s)
+        if other:
+            sketches = decode_sketch_blob(other)
+            if sketches.any():
+                if self.other_sketches is None:
+                    self.other_sketches = _sketch_tiers(self.spec.window_s)
+                _load_sketches(self.other_sketches, sketches, second, now_s)
+        if rollup.rejected_by_class:
+            if self.rejected_by_class is None:
+                self.rejected_by_class = RejectedByClass(self.spec.window_s)
+            names = list(rollup.rejected_by_class)
+            sums = np.array([[rollup.rejected_by_class[n] for n in names]], dtype=np.int64)
+            self.rejected_by_class.add(ClassRejections(names, np.array([second]), sums), now_s)
 
     @property
     def nbytes(self) -> int:
@@ -504,6 +537,14 @@ class SLOState:
         sketches = sum(t.ring.nbytes for t in (*self.sketches, *(self.other_sketches or ())))
         classes = 0 if self.rejected_by_class is None else self.rejected_by_class.nbytes
         return int(counters + sketches + classes + self.histogram_counts.nbytes)
+
+
+def _load_sketches(tiers: list[_Tier[SketchRing]], sketches: I64, second: int, now_s: int) -> None:
+    """Add a decoded rollup's sketches at ``second`` to every tier whose range holds it."""
+    for tier in tiers:
+        slot = second // tier.ring.resolution_s
+        if tier.holds_slot(slot, now_s):
+            tier.ring.add_dense(slot, sketches)
 
 
 def _class_rejections(view: BatchView, rows: I64) -> ClassRejections | None:

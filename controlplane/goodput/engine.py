@@ -240,8 +240,8 @@ class GoodputEngine:
         """Rejections of SLO ``slo_id`` over ``window`` per priority class (the records'
         ``priority`` label, ``""`` for none): the classes seen since the engine started,
         at most ``MAX_CLASSES`` of them, later ones summed as ``"other"``. Over the same
-        slots as :meth:`query`'s ``rejected``, which they sum to (rejections restored from
-        rollups have no class and are not in them)."""
+        slots as :meth:`query`'s ``rejected``, which they sum to (rollups store the classes
+        and :meth:`load_rollups` restores them)."""
         with self._lock:
             state = self._state(slo_id)
             now = self._now(now)

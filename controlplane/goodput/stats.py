@@ -120,6 +120,12 @@ class MinuteRollup:
     in :class:`GoodputStats`; ``unmeasured``: objective key → judged requests on which it
     was not measured (absent keys are 0); ``sketch_blob`` is an opaque, versioned encoding of the
     minute's latency sketches (decode with :func:`controlplane.goodput.rollup_sketches`).
+    ``rejected_by_class``: priority class → rejections of the minute (the classes with any;
+    empty for an SLO that rejected nothing); ``other_sketch_blob``: the sketches of the OK
+    requests the selector matches at the other vantage, in the same encoding (``b""`` when
+    there were none); ``vantage``: the SLO's vantage when the minute was emitted (``"gateway"``
+    or ``"engine"``; ``""``: unknown, read as the SLO's current one), which says which of the
+    two blobs is whose after a vantage change.
     """
 
     slo_id: str
@@ -134,6 +140,9 @@ class MinuteRollup:
     violations: dict[str, int]
     sketch_blob: bytes
     unmeasured: dict[str, int] = dataclasses.field(default_factory=dict)
+    rejected_by_class: dict[str, int] = dataclasses.field(default_factory=dict)
+    other_sketch_blob: bytes = b""
+    vantage: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,4 +51,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0007_slo_infeasible"
+SCHEMA_REVISION = "0008_rollup_classes_vantages"

@@ -19,6 +19,10 @@ class GoodputRollup(Base):
 
     ``violations`` maps an objective key (e.g. ``"ttft"``, ``"itl:p99"``) to how many requests
     broke it; ``sketch_blob`` is the engine's serialised latency sketch, opaque here.
+    ``rejected_by_class`` maps a priority class to its rejections; ``other_sketch_blob``
+    holds the sketches of the other vantage in ``sketch_blob``'s encoding; both read as
+    none when empty or ``NULL`` (rows from before revision 0008). ``vantage`` is the SLO's
+    vantage when the row was written (``NULL``: unknown, read as the SLO's current one).
     """
 
     __tablename__ = "goodput_rollup"
@@ -43,6 +47,9 @@ class GoodputRollup(Base):
     good_output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     violations: Mapped[dict[str, int]] = mapped_column(JSONDoc, default=dict)
     sketch_blob: Mapped[bytes] = mapped_column(sa.LargeBinary, default=b"")
+    rejected_by_class: Mapped[dict[str, int] | None] = mapped_column(JSONDoc, nullable=True)
+    other_sketch_blob: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True)
+    vantage: Mapped[str | None] = mapped_column(sa.String(16), nullable=True)
 
 
 class WalCheckpoint(Base):

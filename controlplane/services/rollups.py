@@ -42,6 +42,9 @@ _COLUMNS = (
     "good_output_tokens",
     "violations",
     "sketch_blob",
+    "rejected_by_class",
+    "other_sketch_blob",
+    "vantage",
 )
 
 
@@ -95,6 +98,9 @@ def _to_rollup(row: GoodputRollup) -> MinuteRollup:
         violations=violations,
         sketch_blob=bytes(row.sketch_blob),
         unmeasured=unmeasured,
+        rejected_by_class=dict(row.rejected_by_class or {}),
+        other_sketch_blob=bytes(row.other_sketch_blob or b""),
+        vantage=row.vantage or "",
     )
 
 
@@ -111,6 +117,9 @@ def _row(rollup: MinuteRollup) -> dict[str, object]:
         **rollup.violations,
         **{f"{UNMEASURED_PREFIX}{k}": n for k, n in rollup.unmeasured.items() if n},
     }
+    # An SLO seen at one vantage, or that rejected nothing, stores nothing more.
+    row["other_sketch_blob"] = rollup.other_sketch_blob or None
+    row["vantage"] = rollup.vantage or None
     return row
 
 

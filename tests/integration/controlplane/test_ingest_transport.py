@@ -14,17 +14,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import sqlalchemy as sa
 import uvicorn
 
 from controlplane.db import create_engine_for, session_factory, utcnow
 from controlplane.main import create_app
-from controlplane.models import Base, Role
+from controlplane.models import Base, GoodputRollup, Role
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from exporters.recorder import RequestRecorder
-from exporters.records import Labels, Vantage
+from exporters.records import Labels, RequestRecord, Status, Vantage
 from exporters.transport import ControlPlaneExporter
 
 pytestmark = pytest.mark.integration
@@ -227,3 +228,92 @@ async def test_long_window_stats_survive_a_restart(serve: ServerFactory, databas
             assert new["error_budget_remaining_ratio"] == old["error_budget_remaining_ratio"]
             for metric in ("ttft", "e2el"):
                 assert new[metric] == old[metric], (window, metric)
+
+
+def _classes_and_vantages(finish_s: int) -> list[RequestRecord]:
+    """OK requests of the SLO's model at both vantages (TTFT 0.2 s at the gateway, 0.05 s
+    at the engine) and rejected ones in two priority classes, all finishing at ``finish_s``."""
+    finish_ns = finish_s * 1_000_000_000
+    records = [
+        RequestRecord(
+            request_id=f"{vantage.name}-{k}",
+            vantage=vantage,
+            arrival_time_ns=finish_ns - ttft_us * 1000 - k * 1000,
+            labels=Labels(model="llama"),
+            emission_offsets_us=np.array([ttft_us + k]),
+        )
+        for vantage, ttft_us in ((Vantage.GATEWAY, 200_000), (Vantage.ENGINE, 50_000))
+        for k in range(20)
+    ]
+    records += [
+        RequestRecord(
+            request_id=f"shed-{k}",
+            vantage=Vantage.GATEWAY,
+            arrival_time_ns=finish_ns,
+            labels=Labels(model="llama", priority="batch" if k % 3 else "interactive"),
+            emission_offsets_us=np.zeros(0, dtype=np.int64),
+            status=Status.REJECTED,
+        )
+        for k in range(9)
+    ]
+    return records
+
+
+def _series_summary(body: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """A series' rejections per class summed over its steps, and per vantage and column the
+    distinct percentiles of its steps (the steps move with the clock; the records do not)."""
+    by_class = {name: sum(values) for name, values in body["rejected_by_class"].items()}
+    by_vantage = {
+        vantage: {column: sorted({v for v in values if v is not None})
+                  for column, values in columns.items()}
+        for vantage, columns in body["percentiles_by_vantage"].items()
+    }  # fmt: skip
+    return by_class, by_vantage
+
+
+async def test_rejections_by_class_and_percentiles_by_vantage_survive_a_restart(
+    serve: ServerFactory, database_url: str
+) -> None:
+    first = serve()
+    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    ingest_key = await new_key(database_url, Role.INGEST)
+    # Early in the previous minute: one 10-s slot, where a restored minute's sketches go.
+    finish_s = int(time.time()) // 60 * 60 - 55
+    async with httpx.AsyncClient(base_url=first.url, headers=admin) as http:
+        assert (await http.post("/api/v1/slos", json=CHAT)).status_code == 201
+        slo_id = (await http.get("/api/v1/slos/chat")).json()["id"]
+        await http.get("/api/v1/slos/chat/goodput?window=1m")  # the engine has the SLO now
+        exporter = ControlPlaneExporter(first.url, api_key=ingest_key, flush_interval_s=0.05)
+        for record in _classes_and_vantages(finish_s):
+            exporter.export(record)
+        assert await asyncio.to_thread(exporter.force_flush, 10.0)
+        await asyncio.to_thread(exporter.shutdown, 5.0)
+        before = _series_summary(
+            (await http.get("/api/v1/slos/chat/goodput/series?range=1h")).json()
+        )
+    engine = first.app.state.live.engine
+    classes_before = engine.rejected_by_class(slo_id, "1d")
+    vantages_before = engine.vantage_percentiles(slo_id, "1h")
+    assert classes_before == {"batch": 6, "interactive": 3}
+    assert before[0] == {"batch": 6.0, "interactive": 3.0}
+    assert before[1]["engine"]["ttft_p50_s"] == [pytest.approx(0.05, rel=0.02)]
+    await asyncio.to_thread(first.stop)  # writes every minute held
+
+    db = create_engine_for(database_url)
+    try:
+        async with session_factory(db)() as session:
+            (row,) = await session.scalars(sa.select(GoodputRollup))
+            assert row.rejected_by_class == {"batch": 6, "interactive": 3}
+            assert row.other_sketch_blob and row.vantage == "gateway"
+    finally:
+        await db.dispose()
+
+    second = serve()
+    async with httpx.AsyncClient(base_url=second.url, headers=admin) as http:
+        after = _series_summary(
+            (await http.get("/api/v1/slos/chat/goodput/series?range=1h")).json()
+        )
+    assert after == before
+    engine = second.app.state.live.engine
+    assert engine.rejected_by_class(slo_id, "1d") == classes_before
+    assert engine.vantage_percentiles(slo_id, "1h") == vantages_before

@@ -164,7 +164,7 @@ def test_class_counters_exist_only_once_an_slo_rejects() -> None:
     assert engine.memory_bytes()["slos"] - before < 150_000
 
 
-def test_rejections_restored_from_rollups_have_no_class() -> None:
+def test_rejections_restored_from_rollups_stored_without_classes_have_no_class() -> None:
     spec = make_spec()
     engine = _engine(spec)
     minute = (NOW - 600) // 60 * 60

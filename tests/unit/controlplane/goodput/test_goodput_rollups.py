@@ -55,6 +55,9 @@ def test_complete_minutes_are_emitted_once_with_their_counts() -> None:
         violations={"ttft": 1, "itl_p99": 1},
         sketch_blob=rollup.sketch_blob,
         unmeasured={"ttft": 0, "itl_p99": 1},
+        rejected_by_class={"": 1},  # the rejection carries no priority label
+        other_sketch_blob=b"",  # nothing seen at the other vantage
+        vantage="gateway",
     )
     sketches = rollup_sketches(rollup.sketch_blob)
     assert {name: s.count for name, s in sketches.items()} == {
