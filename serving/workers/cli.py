@@ -16,7 +16,7 @@ On Kubernetes (docs/deploy.md, "Roles are labels"): ``--ready-port`` serves ``/r
 ``--kubernetes-relabel`` makes ``set_role`` patch the pod's ``goodput.dev/role`` label
 (:mod:`serving.workers.relabel`) through the in-cluster API server with the pod's service
 account, or through ``--kubernetes-api`` without a token (``kubectl proxy``, tests). Both
-are for ``--engine vllm`` for now.
+engines take them (the sim worker: :mod:`serving.sim.worker.cli`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import Annotated
 import typer
 
 from exporters.fleet import PoolRole
-from serving.kubernetes_api import KubernetesAPI, KubernetesError, in_cluster_namespace
+from serving.kubernetes_api import KubernetesError
 from serving.workers.agent import AgentSettings
 from serving.workers.config import Device, SpecError, VllmSpec, build_launch
 from serving.workers.kv_folder import KVFolderPolicy
 from serving.workers.launcher import ServerError
 from serving.workers.readiness import ReadinessServer
-from serving.workers.relabel import PodRelabeler
+from serving.workers.relabel import PodRelabeler, pod_relabeler
 from serving.workers.supervisor import SupervisorSettings, WorkerSupervisor
 
 __all__ = ["PLUGIN_ENV", "register", "worker"]
@@ -119,14 +119,14 @@ def worker(
             min=1,
             max=65535,
             help="serve /ready on this port: 200 only while ready (not starting, draining "
-            "or down), for a Kubernetes readinessProbe; vllm only",
+            "or down), for a Kubernetes readinessProbe",
         ),
     ] = None,
     kubernetes_relabel: Annotated[
         bool,
         typer.Option(
             help="set_role also patches this pod's goodput.dev/role label (needs --pod-name "
-            "and get/patch on pods); vllm only"
+            "and get/patch on pods)"
         ),
     ] = False,
     pod_name: Annotated[
@@ -154,13 +154,6 @@ def worker(
         typer.echo(f"error: --engine must be one of {', '.join(ENGINES)}, got {engine!r}", err=True)
         raise typer.Exit(code=2)
     if engine == "sim":
-        if kubernetes_relabel or ready_port is not None:
-            typer.echo(
-                "error: --kubernetes-relabel and --ready-port are for --engine vllm; the sim "
-                "worker does not take them yet",
-                err=True,
-            )
-            raise typer.Exit(code=2)
         from serving.sim.worker.cli import cli_main
 
         cli_main(
@@ -170,7 +163,8 @@ def worker(
             control_plane=control_plane, agent_key=agent_key, ingest_key=ingest_key,
             member_id=member_id,
             advertise_url=advertise_url, heartbeat_interval_s=heartbeat_interval_s,
-            print_plan=print_plan,
+            ready_port=ready_port, kubernetes_relabel=kubernetes_relabel, pod_name=pod_name,
+            pod_namespace=pod_namespace, kubernetes_api=kubernetes_api, print_plan=print_plan,
         )  # fmt: skip
         return
     if model is None:
@@ -208,7 +202,12 @@ def worker(
             )
         relabeler = None
         if kubernetes_relabel and not print_plan:
-            relabeler = _relabeler(agent, pod_name, pod_namespace, kubernetes_api)
+            relabeler = pod_relabeler(
+                control_plane=control_plane,
+                pod_name=pod_name,
+                pod_namespace=pod_namespace,
+                api_url=kubernetes_api,
+            )
     except (SpecError, ValueError, KubernetesError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -221,20 +220,6 @@ def worker(
         typer.echo(f"error: --model {model} has no config.json", err=True)
         raise typer.Exit(code=2)
     _serve(spec, role, policy, agent, run_dir, relabeler=relabeler, ready_port=ready_port)
-
-
-def _relabeler(
-    agent: AgentSettings | None, pod_name: str, pod_namespace: str, api_url: str | None
-) -> PodRelabeler:
-    """The pod relabelling of ``--kubernetes-relabel`` (raises with what is missing)."""
-    if agent is None:
-        raise ValueError("--kubernetes-relabel needs --control-plane (set_role comes from it)")
-    if not pod_name:
-        raise ValueError("--kubernetes-relabel needs --pod-name (or POD_NAME) to be set")
-    if api_url and not api_url.startswith(("http://", "https://")):
-        raise ValueError(f"--kubernetes-api must start with http:// or https://, got {api_url!r}")
-    api = KubernetesAPI(api_url) if api_url else KubernetesAPI.in_cluster()
-    return PodRelabeler(api, namespace=pod_namespace or in_cluster_namespace(), pod=pod_name)
 
 
 def _serve(

@@ -18,6 +18,8 @@ rights:
   ``ok`` only for a pod that is relabelled, and a refused patch acknowledges it failed
   with the reason (:class:`~serving.workers.commands.CommandExecutor`). Other commands pass
   through.
+* :func:`pod_relabeler` builds the relabeler from the worker's options (``--kubernetes-relabel``
+  with ``--pod-name``, ``--pod-namespace``, ``--kubernetes-api``), for both engines.
 
 Example::
 
@@ -38,10 +40,15 @@ import httpx
 
 from exporters.commands import CommandKind
 from exporters.fleet import PoolRole
-from serving.kubernetes_api import ROLE_LABEL, KubernetesAPI, KubernetesError
+from serving.kubernetes_api import (
+    ROLE_LABEL,
+    KubernetesAPI,
+    KubernetesError,
+    in_cluster_namespace,
+)
 from serving.workers.commands import ApplyFn
 
-__all__ = ["MERGE_PATCH", "PodRelabeler", "relabelling"]
+__all__ = ["MERGE_PATCH", "PodRelabeler", "pod_relabeler", "relabelling"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,3 +148,20 @@ def relabelling(apply: ApplyFn, relabeler: PodRelabeler) -> ApplyFn:
         return apply(kind, payload)
 
     return apply_relabelled
+
+
+def pod_relabeler(
+    *, control_plane: str | None, pod_name: str, pod_namespace: str, api_url: str | None
+) -> PodRelabeler:
+    """The relabeler of ``--kubernetes-relabel``: the pod ``pod_name`` in ``pod_namespace``
+    (default: the service account's), through ``api_url`` without a token or else the
+    in-cluster API server. Raises :class:`ValueError` or :class:`KubernetesError` naming
+    the option that is missing or wrong."""
+    if not control_plane:
+        raise ValueError("--kubernetes-relabel needs --control-plane (set_role comes from it)")
+    if not pod_name:
+        raise ValueError("--kubernetes-relabel needs --pod-name (or POD_NAME) to be set")
+    if api_url and not api_url.startswith(("http://", "https://")):
+        raise ValueError(f"--kubernetes-api must start with http:// or https://, got {api_url!r}")
+    api = KubernetesAPI(api_url) if api_url else KubernetesAPI.in_cluster()
+    return PodRelabeler(api, namespace=pod_namespace or in_cluster_namespace(), pod=pod_name)

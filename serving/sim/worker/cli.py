@@ -4,8 +4,15 @@
         --port P [--host H] [--kv-dir DIR] [--sim-config 'strategy=chunked,jitter=0.02']
         [--max-num-seqs N] [--max-model-len L] [--served-model-name NAME] [--seed S]
         [--control-plane URL --agent-key KEY] [--member-id ID] [--advertise-url URL]
+        [--ready-port P] [--kubernetes-relabel --pod-name NAME [--pod-namespace NS]
+        [--kubernetes-api URL]]
 
-``serving.workers.cli.worker`` parses the shared options and calls :func:`run_sim_worker`.
+``serving.workers.cli.worker`` parses the shared options and calls :func:`cli_main`.
+On Kubernetes the sim worker is a vLLM worker's stand-in (docs/deploy.md, "Roles are
+labels"): ``--ready-port`` serves ``/ready`` (:class:`~serving.workers.readiness.ReadinessServer`
+on :attr:`SimWorkerControl.state`: 503 while starting, draining, drained or down) and
+``--kubernetes-relabel`` makes ``set_role`` patch the pod's ``goodput.dev/role`` label first
+(:func:`~serving.workers.relabel.pod_relabeler`, the vLLM worker's code).
 ``--sim-config`` takes the instance keys of ``goodput sim --cluster`` (strategy, max_seqs,
 max_batched_tokens, batch_size, batch_window, kv_tokens, memory_utilization, prefix_cache,
 jitter, link), so a sim worker and a simulated instance are configured alike.
@@ -24,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from exporters.fleet import PoolRole
 from exporters.prometheus import KVTransferExporter
 from exporters.sinks import RecordSink
+from serving.kubernetes_api import KubernetesError
 from serving.sim.cluster.spec import ClusterSpecError, parse_cluster
 from serving.sim.instance import InstanceConfig
 from serving.sim.latency_model import LatencyModel, get_profile, profile_names
@@ -33,6 +41,8 @@ from serving.sim.worker.handoff import KVHandoff
 from serving.sim.worker.records import EngineRecords
 from serving.sim.worker.server import ServerSettings, create_app
 from serving.workers.agent import Agent, AgentSettings
+from serving.workers.readiness import ReadinessServer
+from serving.workers.relabel import PodRelabeler, pod_relabeler
 
 __all__ = [
     "SimWorkerError",
@@ -69,6 +79,7 @@ class SimWorkerSpec:
     seed: int = 0
     control_plane: str | None = None  # with ingest_key: engine records shipped there
     ingest_key: str | None = None
+    ready_port: int | None = None  # /ready for a Kubernetes readinessProbe
 
     @property
     def url(self) -> str:
@@ -110,6 +121,10 @@ def build_worker(
         if spec.max_num_seqs < 1:
             raise SimWorkerError(f"--max-num-seqs: must be >= 1, got {spec.max_num_seqs}")
         config = replace(config, max_num_seqs=spec.max_num_seqs)
+    if spec.ready_port is not None and spec.ready_port == spec.port:
+        raise SimWorkerError(
+            f"--ready-port: must differ from --port (the server's), got {spec.ready_port}"
+        )
     latency = LatencyModel(profile)
     try:
         engine = SimEngine(latency, config, link=link, seed=spec.seed, name=spec.url)
@@ -135,14 +150,23 @@ def build_worker(
         tp_size=latency.tensor_parallel,
         folder=spec.kv_dir,
     )
-    return engine, settings, handoff, SimWorkerControl(engine, spec.role)
+    # ``starting`` until the server's lifespan has started the engine (then /ready is 200)
+    return engine, settings, handoff, SimWorkerControl(engine, spec.role, starting=True)
 
 
-def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> None:
+def run_sim_worker(
+    spec: SimWorkerSpec,
+    agent: AgentSettings | None = None,
+    *,
+    relabeler: PodRelabeler | None = None,
+) -> None:
     """Serve ``spec`` with uvicorn until SIGINT/SIGTERM; registers and beats with
-    ``agent``'s control plane when given."""
+    ``agent``'s control plane when given, its ``set_role`` relabelling the pod through
+    ``relabeler`` first (which needs ``agent``); ``/ready`` on ``spec.ready_port``."""
     import uvicorn
 
+    if relabeler is not None and agent is None:
+        raise SimWorkerError("--kubernetes-relabel needs --control-plane (set_role comes from it)")
     engine, settings, handoff, control = build_worker(spec)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -170,7 +194,9 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     runner = None
     if agent is not None:
         agent = replace(agent, model=settings.served_model_name)
-        runner = Agent(agent, report=control.report, apply=control.apply_command)
+        runner = Agent(
+            agent, report=control.report, apply=control.apply_command, relabeler=relabeler
+        )
         stops.insert(0, runner.stop)
     app = create_app(
         engine,
@@ -184,12 +210,21 @@ def run_sim_worker(spec: SimWorkerSpec, agent: AgentSettings | None = None) -> N
     )
     logging.getLogger(__name__).info(
         "sim worker %s: %s (%s batching, max_num_seqs %d, KV %d tokens, max_model_len %d, "
-        "link %s), role %s, model %r",
+        "link %s), role %s, model %r%s",
         spec.url, settings.profile, engine.config.strategy.value, engine.config.max_num_seqs,
         engine.max_context_tokens, settings.max_model_len, engine.link.name, spec.role.value,
         settings.served_model_name,
+        "" if relabeler is None else f", relabels pod {relabeler.namespace}/{relabeler.pod}",
     )  # fmt: skip
-    uvicorn.run(app, host=spec.host, port=spec.port, log_level="warning", access_log=False)
+    ready = None
+    if spec.ready_port is not None:  # before the engine: the probe then reads 503 "starting"
+        ready = ReadinessServer(lambda: control.state, host=spec.host, port=spec.ready_port)
+        ready.start()
+    try:
+        uvicorn.run(app, host=spec.host, port=spec.port, log_level="warning", access_log=False)
+    finally:
+        if ready is not None:
+            ready.stop()
 
 
 def _run_all(calls: list[Callable[[], object]]) -> None:
@@ -215,11 +250,17 @@ def cli_main(
     member_id: str | None,
     advertise_url: str | None,
     heartbeat_interval_s: float,
+    ready_port: int | None = None,
+    kubernetes_relabel: bool = False,
+    pod_name: str = "",
+    pod_namespace: str = "",
+    kubernetes_api: str | None = None,
     print_plan: bool = False,
 ) -> None:
     """``goodput worker --engine sim`` after the shared options are parsed: exit code 2
     with the message on invalid input; ``print_plan`` prints what would be served (JSON)
-    and starts nothing."""
+    and starts nothing. The Kubernetes options mean what they do for ``--engine vllm``
+    (:mod:`serving.workers.cli`)."""
     import json
 
     import typer
@@ -228,7 +269,7 @@ def cli_main(
         profile=profile, port=port, host=host, role=PoolRole(role), sim_config=sim_config,
         max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         served_model_name=served_model_name, kv_dir=kv_dir.resolve() if kv_dir else None,
-        seed=seed, control_plane=control_plane, ingest_key=ingest_key,
+        seed=seed, control_plane=control_plane, ingest_key=ingest_key, ready_port=ready_port,
     )  # fmt: skip
     try:
         agent = None
@@ -241,7 +282,15 @@ def cli_main(
                 heartbeat_interval_s=heartbeat_interval_s,
             )
         engine, settings, handoff, _ = build_worker(spec)  # validate before serving
-    except (SimWorkerError, ValueError) as exc:
+        relabeler = None
+        if kubernetes_relabel and not print_plan:
+            relabeler = pod_relabeler(
+                control_plane=control_plane,
+                pod_name=pod_name,
+                pod_namespace=pod_namespace,
+                api_url=kubernetes_api,
+            )
+    except (SimWorkerError, ValueError, KubernetesError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     if print_plan:
@@ -256,7 +305,8 @@ def cli_main(
             "jitter": config.jitter_ratio, "seed": spec.seed,
             "kv_dir": None if handoff.folder is None else str(handoff.folder),
             "control_plane": control_plane, "engine_records": bool(control_plane and ingest_key),
+            "ready_port": ready_port, "kubernetes_relabel": kubernetes_relabel,
         }  # fmt: skip
         typer.echo(json.dumps(plan, indent=2))
         return
-    run_sim_worker(spec, agent)
+    run_sim_worker(spec, agent, relabeler=relabeler)

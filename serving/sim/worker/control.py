@@ -6,6 +6,12 @@ and the same agent (:class:`~serving.workers.agent.Agent`): ``drain`` reports
 ``set_role`` changes the reported pool (the engine serves either phase, like vLLM's
 ``kv_both`` instances: no restart). The load in registrations and heartbeats is the
 engine's own state (:attr:`SimEngine.load`), not a scrape of ``/metrics``.
+
+A control made with ``starting=True`` reports ``starting`` until :meth:`mark_serving`
+(the server's lifespan calls it once the engine runs) and ``down`` after
+:meth:`mark_stopped`, so ``/ready`` (:class:`~serving.workers.readiness.ReadinessServer`
+on :attr:`SimWorkerControl.state`) answers as a vLLM worker's does: 200 only while
+``ready``.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ __all__ = ["SimWorkerControl"]
 class SimWorkerControl:
     """Role and drain state of one sim worker (see the module docstring)."""
 
-    def __init__(self, engine: SimEngine, role: PoolRole) -> None:
+    def __init__(self, engine: SimEngine, role: PoolRole, *, starting: bool = False) -> None:
         self.engine = engine
         self._lock = threading.Lock()
         self._role = PoolRole(role)
         self._draining = False
+        # STARTING, READY (serving; drain applies) or DOWN
+        self._lifecycle = FleetState.STARTING if starting else FleetState.READY
 
     @property
     def role(self) -> PoolRole:
@@ -37,9 +45,17 @@ class SimWorkerControl:
 
     @property
     def state(self) -> FleetState:
-        if not self._draining:
-            return FleetState.READY
+        if self._lifecycle is not FleetState.READY or not self._draining:
+            return self._lifecycle
         return FleetState.DRAINED if self.engine.load.idle else FleetState.DRAINING
+
+    def mark_serving(self) -> None:
+        """The engine runs: ``ready`` (or the drain state) from now on."""
+        self._lifecycle = FleetState.READY
+
+    def mark_stopped(self) -> None:
+        """The server is shutting down: ``down`` from now on."""
+        self._lifecycle = FleetState.DOWN
 
     def report(self) -> AgentReport:
         """Role, state and load for the agent's registration and heartbeats."""

@@ -259,7 +259,8 @@ def create_app(
     extra_info: Callable[[], dict[str, Any]] | None = None,
     registry: CollectorRegistry | None = None,
 ) -> Starlette:
-    """The sim worker's app; ``on_start``/``on_stop`` run in its lifespan (the agent);
+    """The sim worker's app; ``on_start``/``on_stop`` run in its lifespan (the agent),
+    which also marks ``control`` serving after the engine starts and stopped before it closes;
     ``extra_info`` adds entries to ``GET /sim`` (the record exporter's counters);
     ``registry``: what ``/metrics`` serves besides the engine's families (a new one when
     absent)."""
@@ -271,11 +272,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         engine.start()
+        control.mark_serving()
         if on_start is not None:
             on_start()
         try:
             yield
         finally:
+            control.mark_stopped()
             if on_stop is not None:
                 on_stop()
             engine.close()

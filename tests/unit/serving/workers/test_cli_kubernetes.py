@@ -30,14 +30,18 @@ def test_relabel_outside_a_pod_says_how_to_reach_an_api_server() -> None:
     assert "KUBERNETES_SERVICE_HOST is not set: not running in a pod" in result.output
 
 
-def test_a_bad_api_url_and_the_sim_engine_are_refused() -> None:
+def test_a_bad_api_url_is_refused_for_both_engines() -> None:
     bad = runner.invoke(
         app,
         [*BASE, *AGENT, "--kubernetes-relabel", "--pod-name", "w-1", "--kubernetes-api", "x"],
     )
-    sim = runner.invoke(app, ["worker", "--engine", "sim", "--port", "1", "--ready-port", "2"])
+    sim = runner.invoke(
+        app,
+        ["worker", "--engine", "sim", "--port", "1", *AGENT, "--kubernetes-relabel",
+         "--pod-name", "w-1", "--kubernetes-api", "x"],
+    )  # fmt: skip
 
     assert bad.exit_code == 2
     assert "--kubernetes-api must start with http:// or https://, got 'x'" in bad.output
     assert sim.exit_code == 2
-    assert "--kubernetes-relabel and --ready-port are for --engine vllm" in sim.output
+    assert "--kubernetes-api must start with http:// or https://, got 'x'" in sim.output
