@@ -2,9 +2,9 @@
 drained (docs/deploy.md, "Roles are labels"): they may get and patch the pods of their
 namespace (a Role bound to their service account, nothing more), their token is mounted,
 their pod name and namespace come from the downward API, and the readinessProbe is the
-worker's ``/ready`` on the port ``--ready-port`` names, while liveness stays on vLLM's
-``/health``. The dev overlay's sim workers take neither option yet: their readiness is the
-sim's ``/health``."""
+worker's ``/ready`` on the port ``--ready-port`` names, while liveness stays on the engine's
+``/health``. The dev overlay's sim workers run the same options as the vLLM workers of the
+base and production."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from tests.unit.deploy.test_manifests import (
     render,
     workers,
 )
-
-VLLM_TARGETS = tuple(t for t in TARGETS if t != "overlays/dev")
 
 
 def flags(args: list[str]) -> dict[str, str]:
@@ -59,8 +57,8 @@ def test_workers_may_get_and_patch_pods_and_nothing_else(target: str) -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("target", VLLM_TARGETS)
-def test_vllm_workers_relabel_their_pod_and_probe_readiness_on_ready(target: str) -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_workers_relabel_their_pod_and_probe_readiness_on_ready(target: str) -> None:
     objects = render(target)
     for deployment in workers(objects):
         container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -82,11 +80,11 @@ def test_vllm_workers_relabel_their_pod_and_probe_readiness_on_ready(target: str
 
 
 @needs_kubectl
-def test_dev_sim_workers_keep_readiness_on_their_health() -> None:
-    objects = render("overlays/dev")
-    for deployment in workers(objects):
+@pytest.mark.parametrize(("target", "engine"), [
+    ("base", "vllm"), ("overlays/production", "vllm"), ("overlays/dev", "sim"),
+])  # fmt: skip
+def test_the_workers_engine(target: str, engine: str) -> None:
+    """The dev overlay's workers, checked above like the others, are the sim ones."""
+    for deployment in workers(render(target)):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
-        args = flags(container["args"])
-        assert "--kubernetes-relabel" not in args and "--ready-port" not in args
-        assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-        assert "ready" not in {p.get("name") for p in container["ports"]}
+        assert flags(container["args"])["--engine"] == engine
