@@ -12,11 +12,11 @@ counts exact, percentiles within 1 %; ``null`` where a step judged nothing.
 Beside ``columns``, of the same length as ``time``: ``rejected_by_class``, per priority
 class (the records' ``priority`` label; ``""`` for requests without one; at most 8
 classes, later ones as ``"other"``) the rejections of each step, which sum to
-``columns.rejected`` except for steps restored from rollups (they store no class); and
+``columns.rejected`` except for minutes stored before the rollups kept classes; and
 ``percentiles_by_vantage``, per vantage (``gateway``, ``engine``) the columns
 ``{ttft,tpot,itl,e2el}_{p50,p99}_s`` of the OK requests the SLO's selector matches there:
 at the SLO's own vantage those of the requests it judges (the ``columns`` above), at the
-other those the engine keeps beside them (not judged; since the control plane started).
+other those the engine keeps beside them (not judged; both restored from the rollups).
 """
 
 from __future__ import annotations
