@@ -32,7 +32,15 @@ command (:mod:`exporters.commands`); the gateway's rule
   offered, over the last minute) is below ``availability_floor`` × the availability of all
   classes together (``0``, or no bounds: no guard);
 * ``ttl_s`` and ``fallback_max_concurrency``: how long the gateway trusts the policy
-  without a newer one, and the plain concurrency cap it falls back to after that.
+  without a newer one, and the plain concurrency cap it falls back to after that (the
+  fleet's cap: each gateway takes its ``share_ratio`` of it);
+* ``share_ratio`` (0, 1]: this gateway's share of the fleet's capacity when several
+  gateways stand in front of the same instances (the control plane splits 1 between the
+  live gateways, in proportion to their offered request rates). The gateway sees only its
+  own requests in flight, so it reads the fleet's load as its own ÷ ``share_ratio``, and
+  its fallback cap is ``fallback_max_concurrency × share_ratio``: together the gateways
+  admit what one would. ``1`` (the default, and every policy written before the field):
+  one gateway.
 
 Compatibility with the first version of this contract (``version``, ``ttl_s``,
 ``fallback_max_concurrency``, ``classes`` of ``shed_order``, ``sheddable``, ``ttft_s``): the
@@ -367,6 +375,7 @@ class AdmissionModel:
 
 _POLICY_REQUIRED = ("version", "ttl_s", "fallback_max_concurrency", "classes")
 _POLICY_OPTIONAL = (
+    "share_ratio",
     "slos",
     "model",
     "tenant_weights",
@@ -386,8 +395,10 @@ class AdmissionPolicy:
     :class:`ClassPolicy`; a request of an unlisted class gets ``ClassPolicy()``. ``slos``,
     ``model``, ``tenant_weights``, ``over_share_ratio``, ``prompt_class_bounds`` and
     ``availability_floor``: see the module docstring; without
-    a ``model`` the gateway predicts nothing and sheds nothing by latency. ``version``
-    identifies the policy in metrics and acks.
+    a ``model`` the gateway predicts nothing and sheds nothing by latency. ``share_ratio``:
+    this gateway's share of the fleet's capacity (1: the only gateway; see the module
+    docstring); :meth:`fallback_cap` is its part of ``fallback_max_concurrency``.
+    ``version`` identifies the policy in metrics and acks.
     """
 
     version: int
@@ -400,9 +411,11 @@ class AdmissionPolicy:
     over_share_ratio: float = 0.8
     prompt_class_bounds: tuple[int, ...] = ()
     availability_floor: float = 0.0
+    share_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         check_int(self.version, "policy.version")
+        object.__setattr__(self, "share_ratio", _ratio(self.share_ratio, "policy.share_ratio"))
         object.__setattr__(self, "ttl_s", check_seconds(self.ttl_s, "policy.ttl_s"))
         check_int(self.fallback_max_concurrency, "policy.fallback_max_concurrency", 1, _MAX_INT32)
         for name, rules in _names(self.classes, "policy.classes").items():
@@ -434,6 +447,11 @@ class AdmissionPolicy:
         object.__setattr__(self, "slos", MappingProxyType(dict(self.slos)))
         object.__setattr__(self, "tenant_weights", MappingProxyType(weights))
 
+    def fallback_cap(self) -> int:
+        """This gateway's fallback concurrency cap: its ``share_ratio`` of the fleet's
+        ``fallback_max_concurrency``, rounded, at least 1."""
+        return max(1, round(self.fallback_max_concurrency * self.share_ratio))
+
     def class_policy(self, name: str) -> ClassPolicy:
         """The rules of priority class ``name`` (defaults for a class the policy omits)."""
         return self.classes.get(name) or ClassPolicy()
@@ -454,6 +472,7 @@ class AdmissionPolicy:
                 else {}
             ),
             **({"availability_floor": self.availability_floor} if self.availability_floor else {}),
+            **({"share_ratio": self.share_ratio} if self.share_ratio != 1.0 else {}),
         }
 
     @classmethod
@@ -495,4 +514,5 @@ class AdmissionPolicy:
             availability_floor=_floor(
                 obj.get("availability_floor", 0.0), f"{path}.availability_floor"
             ),
+            share_ratio=_ratio(obj.get("share_ratio", 1.0), f"{path}.share_ratio"),
         )

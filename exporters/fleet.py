@@ -36,6 +36,7 @@ from exporters._wire_schema import WireError
 
 __all__ = [
     "FLEET_PATH",
+    "OFFERED_RPS",
     "FleetError",
     "FleetHeartbeat",
     "FleetKind",
@@ -51,6 +52,9 @@ FLEET_PATH = "/api/v1/fleet"
 
 #: A load report's values: flat, for the planner to read (``num_requests_running``, ...).
 LoadValue = bool | int | float | str
+#: The load key a gateway reports its offered requests per second under; the control
+#: plane weighs each gateway's share of the admission budget by it.
+OFFERED_RPS = "offered_rps"
 
 
 class FleetKind(StrEnum):

@@ -31,6 +31,11 @@ adapter (``serving.sim.control.admission``) calls it too.
   (default 0.5); the gateway admits a request the prediction refuses while its class's
   availability is below the floor × the availability of all classes together. Without
   bounds there is one class and no guard.
+* **Several gateways** (:func:`gateway_shares`): each live gateway gets its share of the
+  fleet's capacity, ``share_ratio``, in proportion to the requests per second offered to
+  it (its heartbeat's ``offered_rps``), blended with an equal split by
+  ``gateway_share_floor_ratio`` so a gateway that reported no traffic still holds a little;
+  the shares sum to 1, so the gateways together admit what one would (docs/scale-out.md).
 
 Example::
 
@@ -51,13 +56,18 @@ from exporters.admission import AdmissionModel, AdmissionPolicy, ClassPolicy, SL
 
 __all__ = [
     "DEFAULT_CLASSES",
+    "MIN_SHARE_RATIO",
     "AdmissionConfig",
     "compute_policy",
+    "gateway_shares",
     "margin_ratio",
     "max_batch",
     "prompt_quartiles",
     "slo_key",
 ]
+
+#: The smallest share a gateway gets (one with no traffic, where the floor is 0).
+MIN_SHARE_RATIO = 1e-6
 
 DEFAULT_CLASSES: Mapping[str, ClassPolicy] = {
     "critical": ClassPolicy(shed_order=2, sheddable=False),
@@ -80,8 +90,17 @@ class AdmissionConfig:
     over_share_ratio: float = 0.8
     availability_floor: float = 0.5
     prompt_class_bounds: tuple[int, ...] = ()
+    gateway_share_floor_ratio: float = 0.1
 
     def __post_init__(self) -> None:
+        if not (
+            math.isfinite(self.gateway_share_floor_ratio)
+            and 0 <= self.gateway_share_floor_ratio <= 1
+        ):
+            raise ValueError(
+                "gateway_share_floor_ratio must be in [0, 1], got "
+                f"{self.gateway_share_floor_ratio!r}"
+            )
         if not (math.isfinite(self.availability_floor) and 0 <= self.availability_floor < 1):
             raise ValueError(
                 f"availability_floor must be in [0, 1), got {self.availability_floor!r}"
@@ -167,6 +186,41 @@ def compute_policy(
         # One class (no bounds): the floor could never bind, so the policy omits it.
         availability_floor=config.availability_floor if bounds else 0.0,
     )
+
+
+def gateway_shares(
+    offered_rps: Mapping[str, float | None], *, floor_ratio: float = 0.1
+) -> dict[str, float]:
+    """Each gateway's share of the fleet's capacity, from the requests per second offered
+    to it (``None``: not reported, e.g. a gateway that predates the report; it counts as
+    the mean of those reported).
+
+    ``share = (1 − floor_ratio) · rate ÷ Σ rates + floor_ratio ÷ N``: proportional to the
+    offered rates (a load balancer's spread, even or not), blended with an equal split so
+    that a gateway reported idle (or not yet reported: heartbeats lag) keeps
+    ``floor_ratio ÷ N`` and is not refused everything until the next policy. An equal
+    split where no gateway reported traffic. The shares sum to 1 (rounding aside) and each
+    is in (0, 1]; one gateway gets 1."""
+    if not (math.isfinite(floor_ratio) and 0 <= floor_ratio <= 1):
+        raise ValueError(f"floor_ratio must be in [0, 1], got {floor_ratio!r}")
+    n = len(offered_rps)
+    if n == 0:
+        return {}
+    reported = [
+        float(r) for r in offered_rps.values() if r is not None and math.isfinite(r) and r >= 0
+    ]
+    mean = sum(reported) / len(reported) if reported else 0.0
+    rates = {
+        g: float(r) if r is not None and math.isfinite(r) and r >= 0 else mean
+        for g, r in offered_rps.items()
+    }
+    total = sum(rates.values())
+    if total <= 0:
+        return dict.fromkeys(rates, 1.0 / n)
+    even = floor_ratio / n
+    shares = {g: (1.0 - floor_ratio) * r / total + even for g, r in rates.items()}
+    # A share must be > 0 (an idle gateway with floor 0): at least MIN_SHARE_RATIO.
+    return {g: min(1.0, max(s, MIN_SHARE_RATIO)) for g, s in shares.items()}
 
 
 def prompt_quartiles(prompt_tokens: Sequence[int]) -> tuple[int, ...]:

@@ -10,9 +10,14 @@
 * **Decide (pure).** Every ``admission_interval_s``:
   :func:`controlplane.policies.admission.compute_policy` from the learned parameters, the
   engine's SLO set and each SLO's burn rate over the last ``admission_burn_window_s``.
+* **Split.** The gateways in front of the fleet share its capacity: each live gateway's
+  policy carries its ``share_ratio``
+  (:func:`controlplane.policies.admission.gateway_shares`, from the ``offered_rps`` its
+  heartbeats report), so together they admit what one gateway would (docs/scale-out.md).
 * **Act.** In one transaction, a ``set_admission_policy`` command to every gateway in the
   fleet registry that is not down, stopped or stale, and whose last policy differs from
-  this one (beyond the 3rd significant digit) or is half-way through its TTL: persisted
+  this one (beyond the 3rd significant digit; its share by more than
+  :data:`SHARE_RESEND_RATIO`) or is half-way through its TTL: persisted
   (state ``pending``, the policy in the payload, the learned parameters and burn rates as
   the evidence), audited (``command.issue`` by ``controlplane:admission``), delivered by
   the gateways' poll and acknowledged like any command. The policy's ``version`` is one
@@ -37,7 +42,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -48,7 +55,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.models import Command, FleetKind, FleetMember, FleetState
-from controlplane.policies.admission import AdmissionConfig, compute_policy
+from controlplane.policies.admission import AdmissionConfig, compute_policy, gateway_shares
 from controlplane.runtime.learner import count_decode_instances
 from controlplane.runtime.loop import ControlLoop, loop_lifespan
 from controlplane.services.commands import issue_automatic
@@ -56,12 +63,33 @@ from controlplane.services.fleet import is_stale
 from controlplane.settings import Settings
 from exporters.admission import AdmissionPolicy
 from exporters.commands import CommandKind
+from exporters.fleet import OFFERED_RPS
 
-__all__ = ["ACTOR", "AdmissionRuntime", "admission_lifespan", "fingerprint"]
+__all__ = [
+    "ACTOR",
+    "SHARE_RESEND_RATIO",
+    "AdmissionRuntime",
+    "admission_lifespan",
+    "fingerprint",
+    "offered_rps",
+]
 
 ACTOR = "controlplane:admission"
 _KIND = CommandKind.SET_ADMISSION_POLICY
 _STOPPED = (FleetState.DOWN, FleetState.DRAINED)
+#: A gateway's share moved by more than this fraction of the share it was last sent: the
+#: policy is sent again (smaller moves wait for the next change or the half-TTL re-send,
+#: so the noise of the offered rates does not issue a command per gateway per tick).
+SHARE_RESEND_RATIO = 0.05
+
+
+def offered_rps(load: Any) -> float | None:
+    """The offered requests/s a gateway's heartbeat reported (``None``: none, or not a
+    finite number ≥ 0)."""
+    value = load.get(OFFERED_RPS) if isinstance(load, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _ns(moment: datetime) -> int:
@@ -97,7 +125,9 @@ class AdmissionRuntime(ControlLoop):
             fallback_max_concurrency=settings.admission_fallback_max_concurrency,
         )
         self.last_policy: AdmissionPolicy | None = None
-        self._sent: dict[str, tuple[str, float]] = {}  # gateway → (fingerprint, sent at)
+        self.last_shares: dict[str, float] = {}  # gateway → its share of the last tick
+        # gateway → (fingerprint without the share, share, sent at)
+        self._sent: dict[str, tuple[str, float, float]] = {}
 
     @property
     def interval_s(self) -> float:
@@ -134,26 +164,35 @@ class AdmissionRuntime(ControlLoop):
             )
             version = int(highest or 0) + 1
             policy = compute_policy(params, engine.slos, burn, self.config, version=version)
+            rates = {g.id: offered_rps(g.load) for g in gateways}
+            shares = gateway_shares(rates, floor_ratio=self.config.gateway_share_floor_ratio)
             evidence = {
                 "source": "admission",
                 "learned": params.to_json(),
                 "burn_rates": burn,
                 "decode_instances": self.learner.decode_instances,
+                "gateway_offered_rps": rates,
+                "gateway_shares": shares,
             }
             digest = fingerprint(policy)
-            due = [g.id for g in gateways if self._due(g.id, digest, now_s)]
+            due = [g.id for g in gateways if self._due(g.id, digest, shares[g.id], now_s)]
             for target in due:
-                await self._issue(session, target, policy, evidence, now)
+                mine = dataclasses.replace(policy, share_ratio=shares[target])
+                await self._issue(session, target, mine, evidence, now)
         for target in due:
-            self._sent[target] = (digest, now_s)
+            self._sent[target] = (digest, shares[target], now_s)
         self.last_policy = policy
+        self.last_shares = shares
         return len(due)
 
-    def _due(self, target: str, digest: str, now_s: float) -> bool:
-        """A gateway needs the policy when it changed since the last one it was sent, or
-        when that one is half-way through its TTL (so it never lapses while we run)."""
+    def _due(self, target: str, digest: str, share: float, now_s: float) -> bool:
+        """A gateway needs the policy when it changed since the last one it was sent (its
+        share by more than :data:`SHARE_RESEND_RATIO` of it), or when that one is half-way
+        through its TTL (so it never lapses while we run)."""
         sent = self._sent.get(target)
-        return sent is None or sent[0] != digest or now_s - sent[1] >= self.config.ttl_s / 2
+        if sent is None or sent[0] != digest or now_s - sent[2] >= self.config.ttl_s / 2:
+            return True
+        return abs(share - sent[1]) > SHARE_RESEND_RATIO * sent[1]
 
     async def _issue(
         self,

@@ -11,8 +11,8 @@ Modes (``mode()``, exported as ``goodput_gateway_admission_mode{mode}``):
 * ``allow_all`` — no policy yet: everything is admitted;
 * ``policy`` — a policy younger than its ``ttl_s``: the prediction below;
 * ``fallback`` — the policy is older than ``ttl_s`` (the control plane is gone): a plain
-  concurrency cap of ``fallback_max_concurrency`` requests in flight. Classes the last
-  policy marks not sheddable are still never refused.
+  concurrency cap of ``fallback_max_concurrency`` × ``share_ratio`` requests in flight.
+  Classes the last policy marks not sheddable are still never refused.
 
 The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` prompt tokens:
 
@@ -66,6 +66,18 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    makes the prediction refuse more of the other classes. The floor turns refusals into
    admissions, never the reverse (:class:`ClassAvailability`, ``num_floor_admitted``).
 
+**Several gateways** in front of the same instances (the policy's ``share_ratio`` < 1):
+each sees only the requests it sent, so it owns ``share_ratio`` of the fleet's capacity
+and reads the fleet's load as its own ÷ ``share_ratio``: the queued prompt tokens of step 1
+(not the request's own prompt), the streams and requests in prefill of step 2, the
+never-shed arrival rate of step 3, the requests in prefill of step 0's best effort; and
+its fallback cap is its share of ``fallback_max_concurrency``
+(:meth:`~exporters.admission.AdmissionPolicy.fallback_cap`). With shares that sum to 1 the
+gateways together admit what one gateway would (docs/scale-out.md). Every request offered
+counts in ``num_offered``; :meth:`PolicyAdmission.offered_rps` turns it into requests per
+second since its previous call, which the gateway reports in its heartbeats so the control
+plane can weigh the shares.
+
 Every admitted request counts in flight (per tenant, for fairness, and in all, for the
 fallback cap) until its record is finished (:meth:`on_finished`, fed by the gateway's
 record sink through :class:`AdmissionFeedback`).
@@ -112,6 +124,7 @@ from serving.gateway.admission_load import LoadTracker
 __all__ = [
     "AVAILABILITY_WINDOW_S",
     "MAX_PREDICTIONS",
+    "MIN_OFFERED_SPAN_S",
     "MODES",
     "RESERVE_WINDOW_S",
     "AdmissionFeedback",
@@ -129,6 +142,8 @@ _MAX_RETRY_AFTER_S = 60.0
 AVAILABILITY_WINDOW_S = 60.0
 #: The time constant of the never-shed classes' arrival rate (the room kept for them).
 RESERVE_WINDOW_S = 10.0
+#: The offered request rate (its share's weight) is measured over at least this long.
+MIN_OFFERED_SPAN_S = 1.0
 
 
 class TokenRate:
@@ -262,6 +277,10 @@ class PolicyAdmission:
         self.num_floor_admitted = 0  # refusals the availability floor overturned
         self.availability = ClassAvailability()
         self.never_shed = TokenRate()  # prompt tokens/s of the classes never shed
+        self.num_offered = 0  # requests offered to this gateway (admitted or not)
+        self._offered_at = (0, clock_s(), 0.0)  # (num_offered, when, rate) at the last read
+        self._inv_share = 1.0  # 1 / the policy's share_ratio (the fleet's load ÷ this one's)
+        self._fallback_cap = 0  # the policy's fallback cap for this gateway
         self.num_infeasible = {
             "admit": 0,
             "defer": 0,
@@ -318,6 +337,8 @@ class PolicyAdmission:
         self.applied_s = self.clock_s()
         model = policy.model
         self._fastest_rate = 0.0 if model is None else model.fastest_prefill_rate()
+        self._inv_share = 1.0 / policy.share_ratio
+        self._fallback_cap = policy.fallback_cap()
         self._weight_sum = sum(self._weight(t) for t, n in self._tenants.items() if n > 0)
         return f"admission policy version {policy.version} applied (ttl {policy.ttl_s:g} s)"
 
@@ -326,6 +347,18 @@ class PolicyAdmission:
         if policy is None:
             return "allow_all"
         return "policy" if self.clock_s() - self.applied_s <= policy.ttl_s else "fallback"
+
+    def offered_rps(self) -> float:
+        """Requests per second offered to this gateway (admitted or not) since the previous
+        call (at least :data:`MIN_OFFERED_SPAN_S` ago, else the previous answer): what its
+        heartbeat reports, the weight of its share. Counting costs ``decide`` one
+        increment; the division happens here, once per heartbeat."""
+        count, at_s, rate = self._offered_at
+        now_s = self.clock_s()
+        if now_s - at_s >= MIN_OFFERED_SPAN_S:
+            rate = (self.num_offered - count) / (now_s - at_s)
+            self._offered_at = (self.num_offered, now_s, rate)
+        return rate
 
     def _weight(self, tenant: str) -> float:
         policy = self.policy
@@ -339,6 +372,7 @@ class PolicyAdmission:
         prediction per request."""
         policy = self.policy
         cls = -1
+        self.num_offered += 1
         if policy is not None:
             now_s = self.clock_s()
             in_force = now_s - self.applied_s <= policy.ttl_s
@@ -456,7 +490,7 @@ class PolicyAdmission:
         more prefill instances, another one stays idle (at most ``num_prefill − 2``
         requests in prefill now)."""
         load = self.tracker
-        return load.min_prefill_tokens == 0 and load.prefill_requests <= max(
+        return load.min_prefill_tokens == 0 and load.prefill_requests * self._inv_share <= max(
             0, load.num_prefill - 2
         )
 
@@ -470,10 +504,12 @@ class PolicyAdmission:
         predicted[info.request_id] = (label, ttft_s)
 
     def _ttft_s(self, model: AdmissionModel, info: RequestInfo) -> float:
-        """Step 1 of the module docstring: the predicted TTFT of ``info``."""
+        """Step 1 of the module docstring: the predicted TTFT of ``info`` (the queue is the
+        fleet's as this gateway reads it: its own ÷ its share)."""
         load = self.tracker
         rate = model.prefill_rate(load.min_prefill_id)
-        return (load.min_prefill_tokens + info.prompt_tokens) / rate + model.kv_handoff_s
+        queued = load.min_prefill_tokens * self._inv_share
+        return (queued + info.prompt_tokens) / rate + model.kv_handoff_s
 
     def _judge(
         self,
@@ -490,7 +526,7 @@ class PolicyAdmission:
             return ADMIT
         age_s = now_s - self.applied_s
         if age_s > policy.ttl_s:
-            cap = policy.fallback_max_concurrency
+            cap = self._fallback_cap
             if self.in_flight < cap:
                 return ADMIT
             return Decision(
@@ -538,7 +574,7 @@ class PolicyAdmission:
                 )
         num_decode = load.num_decode or 1
         running_then = load.decode_streams * math.exp(-ttft_s / model.mean_decode_s)
-        batch = (running_then + load.prefill_requests) / num_decode + 1.0
+        batch = (running_then + load.prefill_requests) * self._inv_share / num_decode + 1.0
         if batch > model.max_decode_batch * factor:
             wait_s = model.mean_decode_s * (1.0 - model.max_decode_batch * factor / batch)
             return Decision(
@@ -574,7 +610,7 @@ class PolicyAdmission:
         """The room kept for never-shed traffic (step 3 of the module docstring): the
         prefill time of the never-shed prompt tokens expected within one TTFT objective,
         spread over the prefill instances."""
-        tokens = self.never_shed.rate(now_s) * ttft_objective_s
+        tokens = self.never_shed.rate(now_s) * self._inv_share * ttft_objective_s
         if tokens <= 0:
             return 0.0
         load = self.tracker
@@ -595,6 +631,8 @@ class PolicyAdmission:
     ) -> Decision:
         name = "TTFT" if objective == "ttft" else "ITL"
         room = f" - {reserve_s:.3f} s kept for never-shed traffic" if reserve_s > 0 else ""
+        if policy.share_ratio < 1.0:
+            room += f"; this gateway's share {policy.share_ratio:.3g} of the fleet"
         return Decision(
             False,
             f"slo {info.slo!r}: predicted {name} {predicted_s:.3f} s > allowed "
@@ -731,4 +769,10 @@ class _ModeCollector(Collector):
             "goodput_gateway_admission_in_flight_requests",
             "Requests admitted and not finished, as admission counts them.",
             value=rule.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "goodput_gateway_admission_share_ratio",
+            "This gateway's share of the fleet's capacity in the admission policy applied "
+            "(1: the only gateway, or no policy yet).",
+            value=1.0 if rule.policy is None else rule.policy.share_ratio,
         )

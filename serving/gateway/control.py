@@ -11,7 +11,10 @@ the pool; every ``heartbeat_s`` it registers the gateway (``POST /api/v1/fleet/r
 agent key) or beats (``POST /api/v1/fleet/{id}/heartbeat``; a 404 means the control plane
 forgot the gateway, so it registers again). Every call has a timeout; a failure is counted
 and logged once until the control plane answers again, and the pool keeps what it last
-knew, so serving goes on while the control plane is down. With ``pools_from=kubernetes``
+knew, so serving goes on while the control plane is down. A heartbeat's load carries
+``in_flight`` and, with an admission hook that counts them, ``offered_rps`` (requests/s
+offered to this gateway): the control plane splits the admission budget between the
+gateways in proportion to it (docs/scale-out.md). With ``pools_from=kubernetes``
 the fleet sync is off (the pods' labels are the membership:
 :mod:`serving.gateway.kubernetes`); registration, heartbeats and commands go on.
 
@@ -50,6 +53,7 @@ from exporters.commands import (
 )
 from exporters.fleet import (
     FLEET_PATH,
+    OFFERED_RPS,
     FleetHeartbeat,
     FleetKind,
     FleetMember,
@@ -189,7 +193,10 @@ class ControlPlaneLink:
         """Register the gateway, or beat when registered; ``False`` on failure."""
         config = self.config
         headers = {"Authorization": f"Bearer {config.agent_key}"}
-        load = {"in_flight": self.gateway.in_flight}
+        load: dict[str, int | float] = {"in_flight": self.gateway.in_flight}
+        offered = getattr(self.gateway.admission, "offered_rps", None)
+        if offered is not None:  # the weight of this gateway's admission share
+            load[OFFERED_RPS] = round(float(offered()), 4)
         try:
             if self._registered:
                 response = await self._client.post(
