@@ -204,8 +204,8 @@ def gateway_shares(
     if not (math.isfinite(floor_ratio) and 0 <= floor_ratio <= 1):
         raise ValueError(f"floor_ratio must be in [0, 1], got {floor_ratio!r}")
     n = len(offered_rps)
-    if n == 0:
-        return {}
+    if n <= 1:  # exactly 1 (not 1 − ε from the blend): a lone gateway's policy reads as before
+        return dict.fromkeys(offered_rps, 1.0)
     reported = [
         float(r) for r in offered_rps.values() if r is not None and math.isfinite(r) and r >= 0
     ]

@@ -32,6 +32,12 @@ def test_without_a_floor_the_shares_follow_the_offered_rates(rates: list[float])
         assert shares[f"gw-{k}"] == pytest.approx(max(r / total, MIN_SHARE_RATIO))
 
 
+@given(rate=RATE, floor=st.floats(0, 1))
+def test_a_lone_gateway_gets_exactly_one(rate: float | None, floor: float) -> None:
+    """Exactly 1, so its policy omits the field and decides as before (not 1 − ε)."""
+    assert gateway_shares({"gw": rate}, floor_ratio=floor) == {"gw": 1.0}
+
+
 def test_one_gateway_gets_everything() -> None:
     assert gateway_shares({"gw": 12.0}) == {"gw": 1.0}
     assert gateway_shares({"gw": None}) == {"gw": 1.0}
