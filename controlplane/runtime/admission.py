@@ -14,6 +14,7 @@
   policy carries its ``share_ratio``
   (:func:`controlplane.policies.admission.gateway_shares`, from the ``offered_rps`` its
   heartbeats report), so together they admit what one gateway would (docs/scale-out.md).
+  A gateway that reports no ``offered_rps`` predates the field and is sent none.
 * **Act.** In one transaction, a ``set_admission_policy`` command to every gateway in the
   fleet registry that is not down, stopped or stale, and whose last policy differs from
   this one (beyond the 3rd significant digit; its share by more than
@@ -177,13 +178,27 @@ class AdmissionRuntime(ControlLoop):
             digest = fingerprint(policy)
             due = [g.id for g in gateways if self._due(g.id, digest, shares[g.id], now_s)]
             for target in due:
-                mine = dataclasses.replace(policy, share_ratio=shares[target])
-                await self._issue(session, target, mine, evidence, now)
+                await self._issue(session, target, self._share(policy, rates, shares, target),
+                                  evidence, now)  # fmt: skip
         for target in due:
             self._sent[target] = (digest, shares[target], now_s)
         self.last_policy = policy
         self.last_shares = shares
         return len(due)
+
+    @staticmethod
+    def _share(
+        policy: AdmissionPolicy,
+        rates: dict[str, float | None],
+        shares: dict[str, float],
+        target: str,
+    ) -> AdmissionPolicy:
+        """``policy`` with ``target``'s share. A gateway that reports no offered rate
+        predates the share (its contract would refuse the unknown field): it gets the
+        policy without one, as before, and admits as if alone."""
+        if rates[target] is None:
+            return policy
+        return dataclasses.replace(policy, share_ratio=shares[target])
 
     def _due(self, target: str, digest: str, share: float, now_s: float) -> bool:
         """A gateway needs the policy when it changed since the last one it was sent (its
