@@ -17,8 +17,11 @@ Modes (``mode()``, exported as ``goodput_gateway_admission_mode{mode}``):
 The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` prompt tokens:
 
 0. **infeasible requests** first: its TTFT on an idle instance, ``p`` ÷ the fastest prefill
-   rate + the KV handoff (no queue), against the SLO's TTFT objective itself (no margin,
-   no headroom: those make room under load, and an idle instance has none to make). Above
+   rate (no queue; the learned KV handoff is left out: it is measured from records under
+   load, the decode leg's queueing in it, so it is no idle figure, and a lower bound keeps
+   the error on the side of calling a request feasible), against the SLO's TTFT objective
+   itself (no margin, no headroom: those make room under load, and an idle instance has
+   none to make). Above
    it the request can never meet the objective, whatever the load: where the SLO's
    ``infeasible`` is ``"reject"`` it is refused at once (``400``, type
    ``infeasible_request``, no ``Retry-After``: retrying cannot help). Where it is
@@ -379,7 +382,7 @@ class PolicyAdmission:
             model = policy.model if in_force else None
             rules = policy.classes.get(info.priority)
             if model is not None and self._fastest_rate > 0:
-                idle_s = info.prompt_tokens / self._fastest_rate + model.kv_handoff_s
+                idle_s = info.prompt_tokens / self._fastest_rate  # a lower bound: step 0
                 slo = policy.slos.get(info.slo)
                 objective_s = slo.ttft_s if slo is not None else None
                 if objective_s is None:
@@ -467,9 +470,9 @@ class PolicyAdmission:
                 False,
                 f"slo {info.slo!r}: infeasible request: predicted TTFT on an idle instance "
                 f"{idle_s:.3f} s > objective {objective_s:g} s ({info.prompt_tokens} prompt "
-                f"tokens at {self._fastest_rate:.0f} tokens/s + {model.kv_handoff_s:.3f} s KV "
-                f"hand-off; policy v{policy.version}); the SLO rejects requests it can never "
-                "serve in time, so retrying will not help: shorten the prompt",
+                f"tokens at {self._fastest_rate:.0f} tokens/s; policy v{policy.version}); the "
+                "SLO rejects requests it can never serve in time, so retrying will not help: "
+                "shorten the prompt",
                 None,
                 info.slo,
                 "ttft",
