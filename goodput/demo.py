@@ -389,7 +389,12 @@ def demo(
             "examples/demo-loop-slo.yaml)"
         ),
     ] = None,
-    fresh: Annotated[bool, typer.Option(help="start from an empty database")] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="--engine model: start from an empty database (vllm|sim always start from one)"
+        ),
+    ] = False,
     engine: Annotated[
         str,
         typer.Option(
@@ -416,7 +421,7 @@ def demo(
 
         stack = StackOptions(
             directory=directory, duration_s=duration, host=host, port=port,
-            overload=overload, interval_s=interval, fresh=fresh, engine=engine,
+            overload=overload, interval_s=interval, engine=engine,
         )  # fmt: skip
         if slo_file is not None:
             stack = dataclasses.replace(stack, slo_file=slo_file)

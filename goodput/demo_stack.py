@@ -80,7 +80,6 @@ class StackOptions:
     interval_s: float = 5.0
     window: str = "10s"
     slo_file: Path = DEFAULT_SLO_FILE
-    fresh: bool = False
     engine: str = "vllm"  # or "sim": sim workers instead of vLLM
 
     @property
@@ -147,9 +146,11 @@ def _run(
 
     directory = options.directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    if options.fresh:
-        for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    # Always an empty database: each run mints new keys, and the fleet ids a previous run's
+    # agent keys registered stay bound to those keys (a second run's gateway was refused),
+    # its members would linger in the registry, and its goodput would blur the comparison.
+    for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     sim = options.engine == "sim"
     engines = f"{SIM_PROFILE} sim" if sim else "vLLM"
     say(f"goodput demo: the full stack (control plane, {engines} prefill + 2 decode, PD "
