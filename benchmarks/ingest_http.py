@@ -304,9 +304,20 @@ def free_port() -> int:
         return port
 
 
-def start_server(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    env: dict[str, str], port: int, launcher: list[str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``goodput controlplane serve`` on ``port``; ``launcher`` replaces ``python -m`` (a
+    wrapper that runs the ``goodput`` module, e.g. the soak's memory tracer)."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "goodput", "controlplane", "serve", "--port", str(port)],
+        [
+            *(launcher or [sys.executable, "-m"]),
+            "goodput",
+            "controlplane",
+            "serve",
+            "--port",
+            str(port),
+        ],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
