@@ -209,16 +209,20 @@ def gateway_shares(
     reported = [
         float(r) for r in offered_rps.values() if r is not None and math.isfinite(r) and r >= 0
     ]
-    mean = sum(reported) / len(reported) if reported else 0.0
+    mean = sum(r / len(reported) for r in reported) if reported else 0.0  # no overflow
     rates = {
         g: float(r) if r is not None and math.isfinite(r) and r >= 0 else mean
         for g, r in offered_rps.items()
     }
-    total = sum(rates.values())
-    if total <= 0:
+    peak = max(rates.values())
+    if peak <= 0:
         return dict.fromkeys(rates, 1.0 / n)
+    # Each rate as a fraction of the largest first: neither the sum overflows (rates near
+    # the float maximum) nor a product underflows (subnormal rates) before the division.
+    scaled = {g: r / peak for g, r in rates.items()}
+    total = sum(scaled.values())  # in [1, n]
     even = floor_ratio / n
-    shares = {g: (1.0 - floor_ratio) * r / total + even for g, r in rates.items()}
+    shares = {g: (1.0 - floor_ratio) * (r / total) + even for g, r in scaled.items()}
     # A share must be > 0 (an idle gateway with floor 0): at least MIN_SHARE_RATIO.
     return {g: min(1.0, max(s, MIN_SHARE_RATIO)) for g, s in shares.items()}
 

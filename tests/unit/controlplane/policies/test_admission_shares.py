@@ -6,16 +6,21 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from controlplane.policies.admission import MIN_SHARE_RATIO, AdmissionConfig, gateway_shares
 from controlplane.runtime.admission import offered_rps
 
 RATE = st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False))
+#: Any finite rate: subnormal ones (a product underflowed before the division) and ones near
+#: the float maximum (their sum overflowed).
+ANY_RATE = st.one_of(st.none(), st.floats(0, allow_nan=False, allow_infinity=False))
 
 
-@given(rates=st.lists(RATE, min_size=1, max_size=32), floor=st.floats(0, 1))
+@given(rates=st.lists(ANY_RATE, min_size=1, max_size=32), floor=st.floats(0, 1))
+@example(rates=[None, 5e-324], floor=0.5)  # found by this test: the shares summed to 0.5
+@example(rates=[1.7e308, 1.7e308, None], floor=0.1)
 def test_shares_sum_to_one_and_each_is_a_ratio(rates: list[float | None], floor: float) -> None:
     shares = gateway_shares({f"gw-{k}": r for k, r in enumerate(rates)}, floor_ratio=floor)
     assert set(shares) == {f"gw-{k}" for k in range(len(rates))}
