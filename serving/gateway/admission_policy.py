@@ -455,9 +455,9 @@ class PolicyAdmission:
                 False,
                 f"slo {info.slo!r}: infeasible request: predicted TTFT on an idle instance "
                 f"{idle_s:.3f} s > objective {objective_s:g} s; served as best effort only "
-                f"while two prefill instances are idle, and {self.tracker.prefill_requests} "
-                f"requests are in prefill on {self.tracker.num_prefill} (policy "
-                f"v{policy.version})",
+                f"while {min(2, self.tracker.num_prefill)} of the {self.tracker.num_prefill} "
+                f"prefill instances are idle, and {self.tracker.prefill_requests} requests are "
+                f"in prefill (policy v{policy.version})",
                 _retry_after(idle_s),
                 info.slo,
                 "ttft",

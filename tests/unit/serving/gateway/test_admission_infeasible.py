@@ -139,7 +139,8 @@ def test_admit_serves_it_as_best_effort_while_two_prefill_instances_are_idle() -
     deferred = r.decide(info(LIMIT + 1))
     assert not deferred.admit and deferred.infeasible
     assert (deferred.status_code, deferred.retry_after_s) == (429, pytest.approx(1.0001))
-    assert "served as best effort only while two prefill instances are idle" in deferred.reason
+    reason = deferred.reason
+    assert "served as best effort only while 2 of the 2 prefill instances are idle" in reason
     assert infeasible_total(registry, "chat", "defer") == 1
     assert overload_total(registry) == 0 and r.num_rejected == 0
 
