@@ -35,6 +35,14 @@ a least-squares fit of RSS over the samples after warm-up. For comparison with e
 what this benchmark reported before. Goals (issue 15): ``lost`` 0, ``errors`` 0, RSS growth
 ≤ 10 % after warm-up, admin p99 ≤ 50 ms under ingest (after the fixed warm-up).
 
+glibc's mmap threshold (docs/goodput-engine.md, *Soak*): ``--mmap-threshold startup`` (the
+default) runs the server as ``goodput controlplane serve`` runs anywhere, fixing the threshold
+itself at start-up (``controlplane/allocator.py``; an inherited ``MALLOC_MMAP_THRESHOLD_`` is
+removed from its environment so that it is the start-up code that does it); ``glibc`` turns
+that off (``GOODPUT_MALLOC_MMAP_THRESHOLD=0``: glibc's dynamic threshold, for comparison);
+``environment`` sets ``MALLOC_MMAP_THRESHOLD_=131072`` as the container image does (the
+start-up code then leaves it). The JSON names the mode.
+
 Diagnostics (never for the reported figure): ``--trace-memory`` starts the server under
 ``tracemalloc`` (one frame), adds the traced Python/numpy bytes to the timeline and prints
 the allocation sites that grew between the end of the warm-up and the end of the run;
@@ -81,6 +89,12 @@ ADMIN_PER_S = 10
 EVICTED = "goodput_engine_dry_run_evicted_total"
 FINAL = 'goodput_engine_records_total{outcome="final"}'
 WAL_SEGMENTS = "goodput_wal_segments"
+# --mmap-threshold: what the server's environment gets (after both variables are removed).
+MMAP_MODES: dict[str, dict[str, str]] = {
+    "startup": {},
+    "glibc": {"GOODPUT_MALLOC_MMAP_THRESHOLD": "0"},
+    "environment": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+}
 
 # Runs the ``goodput`` module under tracemalloc: the traced bytes go to ``traced`` every
 # second; SIGUSR1 dumps a snapshot ``snapshot-<n>.tm`` (``--trace-memory``).
@@ -228,6 +242,13 @@ def main() -> None:
     parser.add_argument(
         "--dry-run-max-rows", type=int, default=None, help="diagnostics: another store cap"
     )
+    parser.add_argument(
+        "--mmap-threshold",
+        choices=list(MMAP_MODES),
+        default="startup",
+        help="who fixes glibc's mmap threshold: the control plane at start-up (default), "
+        "nobody (glibc's dynamic default), or MALLOC_MMAP_THRESHOLD_ as in the image",
+    )
     args = parser.parse_args()
     duration_s = args.duration_s or (60.0 if args.quick else 600.0)
     warmup_s = max(10.0, duration_s / 10)
@@ -240,6 +261,9 @@ def main() -> None:
             "GOODPUT_DATABASE_URL": f"sqlite:///{folder / 'goodput.db'}",
             "GOODPUT_LOG_LEVEL": "WARNING",
         }
+        for name in ("MALLOC_MMAP_THRESHOLD_", "GOODPUT_MALLOC_MMAP_THRESHOLD"):
+            env.pop(name, None)
+        env.update(MMAP_MODES[args.mmap_threshold])
         if args.dry_run_max_rows is not None:
             env["GOODPUT_DRY_RUN_MAX_ROWS"] = str(args.dry_run_max_rows)
         launcher = None
@@ -342,6 +366,7 @@ def main() -> None:
                 "duration_s": round(elapsed_s, 1),
                 "dry_run_max_rows": args.dry_run_max_rows,
                 "trace_memory": args.trace_memory,
+                "mmap_threshold": args.mmap_threshold,
                 "quick": args.quick,
             }
         )

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
+    ``malloc_mmap_threshold``: ``serve`` fixes glibc's mmap threshold at this many bytes
+    (``controlplane.allocator``; 0: glibc's dynamic default; an operator's
+    ``MALLOC_MMAP_THRESHOLD_`` is kept).
     ``otlp_grpc_port`` / ``otlp_grpc_host``: the OTLP/gRPC trace receiver's address (off
     unless the port is set: 4317 is OTLP's; 0 picks a free one; the host defaults to
     ``host``).
@@ -97,6 +100,8 @@ class Settings(BaseSettings):
     otlp_grpc_host: str | None = None
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
+    # glibc's mmap threshold, fixed at start-up (docs/goodput-engine.md, *Soak*); 0: off.
+    malloc_mmap_threshold: int = Field(default=131_072, ge=0, le=32 * 2**20)
     # Replicas sharing one database elect one to run the loops (docs/scale-out.md).
     replica_id: str | None = Field(default=None, min_length=1, max_length=255)
     leader_lease_ttl_s: float = Field(default=6.0, gt=0, le=3600)

@@ -22,6 +22,7 @@ Exit codes: 0 success, 1 error from the registry (conflict, not found), 2 invali
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -127,10 +128,13 @@ def serve(
     """Serve the control plane with uvicorn (one worker; scale out with more processes)."""
     import uvicorn
 
+    from controlplane.allocator import fix_mmap_threshold
     from controlplane.main import configure_logging, create_app
 
     settings = _settings(ctx)
     configure_logging(settings)
+    # Before the app allocates anything large (controlplane/allocator.py).
+    fix_mmap_threshold(settings.malloc_mmap_threshold, os.environ)
     if migrate:
         from migrations import upgrade
 

@@ -38,7 +38,9 @@ RUN useradd --uid 10001 --user-group --home-dir /var/lib/goodput --create-home g
 COPY --from=build /opt/goodput /opt/goodput
 # glibc's mmap threshold fixed at 128 KiB: the goodput engine's multi-MB arrays are mmapped
 # and returned when freed (with the dynamic threshold, RSS grew 18 % in a 10-min soak after
-# every bounded store was full; 3 % with it: docs/goodput-engine.md, "Soak").
+# every bounded store was full; 3 % with it: docs/goodput-engine.md, "Soak"). `serve` sets the
+# same itself at start-up where the variable is unset (GOODPUT_MALLOC_MMAP_THRESHOLD); the
+# variable here also covers the other commands (the gateway) and the allocations before it.
 ENV PATH=/opt/goodput/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -1,0 +1,124 @@
+"""``serve`` fixes glibc's mmap threshold itself, unless told not to or the operator did."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import controlplane.allocator as allocator
+import controlplane.main
+from controlplane.allocator import M_MMAP_THRESHOLD, fix_mmap_threshold
+from controlplane.settings import Settings
+from goodput.cli import app
+
+GLIBC = hasattr(ctypes.CDLL(None), "mallopt") if os.name == "posix" else False
+
+
+class Mallopt:
+    """Stands in for glibc's ``mallopt``: records its calls, answers ``result``."""
+
+    def __init__(self, result: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.result = result
+
+    def __call__(self, option: int, value: int) -> int:
+        self.calls.append((option, value))
+        return self.result
+
+
+@pytest.fixture
+def mallopt(monkeypatch: pytest.MonkeyPatch) -> Mallopt:
+    fake = Mallopt()
+    monkeypatch.setattr(allocator, "_mallopt", lambda: fake)
+    return fake
+
+
+def test_sets_the_threshold_with_mallopt(mallopt: Mallopt) -> None:
+    assert fix_mmap_threshold(131_072, {}) is True
+    assert mallopt.calls == [(M_MMAP_THRESHOLD, 131_072)]
+    assert M_MMAP_THRESHOLD == -3
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"MALLOC_MMAP_THRESHOLD_": "65536"},
+        {"MALLOC_MMAP_THRESHOLD_": ""},
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=65536"},
+    ],
+)
+def test_the_operators_threshold_is_kept(mallopt: Mallopt, environ: dict[str, str]) -> None:
+    assert fix_mmap_threshold(131_072, environ) is False
+    assert mallopt.calls == []
+
+
+def test_other_tunables_do_not_count(mallopt: Mallopt) -> None:
+    assert fix_mmap_threshold(131_072, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) is True
+    assert mallopt.calls == [(M_MMAP_THRESHOLD, 131_072)]
+
+
+def test_zero_leaves_the_c_library_alone(mallopt: Mallopt) -> None:
+    assert fix_mmap_threshold(0, {}) is False
+    assert mallopt.calls == []
+
+
+def test_a_refused_value_is_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "_mallopt", lambda: Mallopt(result=0))
+    assert fix_mmap_threshold(131_072, {}) is False
+
+
+def test_without_mallopt_it_skips_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoMallopt:
+        def __init__(self, name: object) -> None:
+            pass
+
+    monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
+    assert allocator._mallopt() is None
+    assert fix_mmap_threshold(131_072, {}) is False
+
+
+def test_a_process_without_a_handle_skips_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_handle(name: object) -> None:
+        raise TypeError("expected str, got NoneType")  # what Windows says
+
+    monkeypatch.setattr(ctypes, "CDLL", no_handle)
+    assert fix_mmap_threshold(131_072, {}) is False
+
+
+@pytest.mark.skipif(not GLIBC, reason="needs glibc's mallopt")
+def test_glibc_accepts_it() -> None:
+    assert fix_mmap_threshold(131_072, {}) is True
+
+
+def test_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOODPUT_MALLOC_MMAP_THRESHOLD", raising=False)
+    assert Settings().malloc_mmap_threshold == 131_072
+    monkeypatch.setenv("GOODPUT_MALLOC_MMAP_THRESHOLD", "0")
+    assert Settings().malloc_mmap_threshold == 0
+    with pytest.raises(ValueError, match="malloc_mmap_threshold"):
+        Settings(malloc_mmap_threshold=allocator.MAX_MMAP_THRESHOLD + 1)
+
+
+@pytest.mark.parametrize(("threshold", "operator"), [("131072", None), ("0", "65536")])
+def test_serve_calls_it_first(
+    monkeypatch: pytest.MonkeyPatch, threshold: str, operator: str | None
+) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr(
+        allocator, "fix_mmap_threshold", lambda t, environ: calls.append((t, dict(environ)))
+    )
+    monkeypatch.setattr(controlplane.main, "configure_logging", lambda settings: None)
+    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: calls.append("uvicorn.run"))
+    env = {"GOODPUT_MALLOC_MMAP_THRESHOLD": threshold, "MALLOC_MMAP_THRESHOLD_": operator}
+    result = CliRunner().invoke(
+        app, ["--database-url", "sqlite://", "controlplane", "serve", "--no-migrate"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    (t, environ), last = calls
+    assert t == int(threshold)
+    assert environ.get("MALLOC_MMAP_THRESHOLD_") == operator
+    assert last == "uvicorn.run"
