@@ -27,7 +27,8 @@ function body() {
     objectiveFields.push(el[metric]);
   }
   const b = { name: text("name"), description: text("description"), selector, objectives,
-    target: number("target") ?? null, window_s: number("window_s"), vantage: el.vantage.value };
+    target: number("target") ?? null, window_s: number("window_s"), vantage: el.vantage.value,
+    infeasible: el.infeasible.value };
   const avail = number("availability_target");
   if (avail !== undefined || ref) b.availability_target = avail ?? null;
   return b;
@@ -62,7 +63,7 @@ function showErrors(error) {
 
 async function fill() {
   const slo = await api(`/slos/${ref}`);
-  for (const k of ["name", "description", "target", "window_s", "vantage", "availability_target"]) el[k].value = slo[k] ?? "";
+  for (const k of ["name", "description", "target", "window_s", "vantage", "infeasible", "availability_target"]) el[k].value = slo[k] ?? "";
   for (const [k, v] of Object.entries(slo.selector)) if (el[`selector.${k}`]) el[`selector.${k}`].value = v;
   for (const o of slo.objectives) {
     el[o.metric].value = o.threshold_s;

@@ -50,7 +50,8 @@ async function load() {
     const objectives = slo.objectives.map((o) => `${o.metric}${o.statistic !== "max" ? " " + o.statistic : ""} ≤ ${ms(o.threshold_s)}`).join(", ");
     document.getElementById("summary").textContent =
       `${pct(slo.target, 2)} of requests (${slo.vantage} vantage, ${Object.entries(slo.selector).map(([k, v]) => `${k}=${v}`).join(", ") || "all requests"}) ` +
-      `with ${objectives}, over ${(slo.window_s / 86400).toFixed(slo.window_s % 86400 ? 2 : 0)} days. Version ${slo.version}; step ${s.step_s} s.`;
+      `with ${objectives}, over ${(slo.window_s / 86400).toFixed(slo.window_s % 86400 ? 2 : 0)} days; ` +
+      `infeasible requests ${slo.infeasible === "reject" ? "rejected" : "admitted (best effort)"}. Version ${slo.version}; step ${s.step_s} s.`;
     const c = s.columns, t = c.time;
     chart("c-rate", [t, c.goodput_rps, c.throughput_rps], [{ label: "goodput" }, { label: "throughput" }]);
     chart("c-attain", [t, c.attainment_ratio, t.map(() => slo.target)], [{ label: "attainment" }, { label: "target", dash: [4, 4] }], (v) => pct(v));
