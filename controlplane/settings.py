@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     ``otlp_grpc_port`` / ``otlp_grpc_host``: the OTLP/gRPC trace receiver's address (off
     unless the port is set: 4317 is OTLP's; 0 picks a free one; the host defaults to
     ``host``).
+    ``fleet_ingest``: replicas on one PostgreSQL database share ingest through its fleet
+    log, and each counts every replica's batches (``fleet_read_interval_s``: how often it
+    reads the log; docs/scale-out.md).
     ``planner_*``: the PD planner tick (on by default, every ``planner_interval_s``), its
     demand window, hysteresis, dwell time, moves per tick, and its role moves' command
     validity, drain timeout and when their effect is observed (docs/planner.md).
@@ -104,6 +107,10 @@ class Settings(BaseSettings):
     malloc_mmap_threshold: int = Field(default=131_072, ge=0, le=32 * 2**20)
     # Replicas sharing one database elect one to run the loops (docs/scale-out.md).
     replica_id: str | None = Field(default=None, min_length=1, max_length=255)
+    # Replicas that share ingest: every batch goes through the database's fleet log and
+    # every replica counts every batch (docs/scale-out.md). Needs PostgreSQL.
+    fleet_ingest: bool = False
+    fleet_read_interval_s: float = Field(default=0.05, gt=0, le=10)
     leader_lease_ttl_s: float = Field(default=6.0, gt=0, le=3600)
     # The PD planner tick (docs/planner.md).
     planner_enabled: bool = True
@@ -130,6 +137,14 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _fleet_needs_postgresql(self) -> Settings:
+        if self.fleet_ingest and not self.database_url.startswith("postgresql"):
+            raise ValueError(
+                "fleet_ingest needs a postgresql:// database_url (replicas share its log)"
+            )
+        return self
 
     @field_validator("database_url")
     @classmethod

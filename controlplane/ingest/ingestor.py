@@ -27,14 +27,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from controlplane.goodput import GoodputEngine
 from controlplane.ingest.dedup import Deduplicator, SeqVerdict
-from controlplane.ingest.replay import VOID_ENTRY, Cut, log_entry
-from controlplane.ingest.screen import RecordRejection, screen
+from controlplane.ingest.fleet_log import FleetLog, FleetRow
+from controlplane.ingest.replay import VOID_ENTRY, Cut, entry_batch, log_entry
+from controlplane.ingest.screen import RecordRejection, finish_seconds, screen
 from controlplane.ingest.wal import WalError, WriteAheadLog
 from exporters.records import RecordBatch
 from exporters.wire import BatchHeader
@@ -114,6 +116,15 @@ class Ingestor:
         self.dedup = dedup
         #: The write-ahead log (``None``: acknowledgements are not durable).
         self.wal = wal
+        #: The fleet's shared log (``None``: this replica counts what it receives). With
+        #: it, a batch is logged, not counted, and :meth:`apply_rows` counts every
+        #: replica's batches in the log's order (docs/scale-out.md).
+        self.fleet: FleetLog | None = None
+        #: The last fleet log transaction applied (the checkpoint's cursor).
+        self.fleet_cursor = 0
+        #: Rows of the fleet log applied, and those skipped as duplicates.
+        self.fleet_rows = {"applied": 0, "duplicate": 0}
+        self._checkpoint_keys: set[tuple[str, int]] = set()
         #: Why ingest is refused (503) while the runtime has no log it may write.
         self.refusal: str | None = None
         self.lock = self._lock = threading.Lock()
@@ -169,7 +180,8 @@ class Ingestor:
                 self._count("wire", "duplicate", num_bytes)
                 return IngestOutcome(True, header.exporter_id, header.seq, 0, 0, 0, 0)
             outcome, position = self._ingest(batch, "wire", num_bytes, validated, header, body=body)
-            self.dedup.mark(header.exporter_id, header.seq)
+            if self.fleet is None:  # with the fleet log, the reader marks it when it counts it
+                self.dedup.mark(header.exporter_id, header.seq)
         self._sync(position)
         return outcome
 
@@ -189,19 +201,68 @@ class Ingestor:
         current segment, snapshot the de-duplication state, take the engine's rollups of
         the minutes complete by ``until_time``."""
         with self._lock:
-            segment = self.wal.rotate() if self.wal is not None else -1
+            if self.fleet is not None:
+                segment = self.fleet_cursor
+            else:
+                segment = self.wal.rotate() if self.wal is not None else -1
             return Cut(segment, self.dedup.snapshot(), self.engine.rollups(until_time))
+
+    def apply_rows(
+        self, rows: list[FleetRow], *, covered: tuple[int, int] | None = None
+    ) -> int:
+        """Count rows of the fleet log (every replica's batches, in the log's order) into
+        the engine, once per ``(exporter_id, seq)``; returns the records applied.
+        ``covered``: ``(txid, minute)`` of the checkpoint the stored rollups were loaded
+        from: rows up to that transaction add only their records finishing at that minute
+        or later (the rollups hold the others)."""
+        applied = 0
+        with self._lock:
+            for row in rows:
+                entry = row.entry
+                key = (entry["x"], entry["s"]) if "x" in entry else None
+                under = covered is not None and row.txid <= covered[0]
+                if key is not None and self._seen_before(key, under):
+                    self.fleet_rows["duplicate"] += 1
+                    self.fleet_cursor = row.txid
+                    continue
+                batch = entry_batch(entry)
+                if covered is not None and under:
+                    batch = batch.take(finish_seconds(batch) // 60 >= covered[1])
+                if len(batch):
+                    self.engine.ingest(batch, validate=False)
+                    self._after_apply(batch, "wire" if key else "otlp", key[0] if key else "")
+                    applied += len(batch)
+                if key is not None:
+                    self.dedup.mark(*key)
+                self.fleet_rows["applied"] += 1
+                self.fleet_cursor = row.txid
+        return applied
+
+    def _seen_before(self, key: tuple[str, int], under_checkpoint: bool) -> bool:
+        """Whether a fleet row's batch was counted already. The de-duplication state
+        restored from a checkpoint knows every batch up to its cursor, whose late records
+        are counted again on a restart: there a row is a duplicate only of an earlier row
+        read since the start (as the local log's replay)."""
+        if under_checkpoint:
+            if key in self._checkpoint_keys:
+                return True
+            self._checkpoint_keys.add(key)
+            return False
+        self._checkpoint_keys.clear()
+        return self.dedup.check(*key) is not SeqVerdict.NEW
 
     def _check_open(self) -> None:
         if self.refusal is not None:
             raise IngestFailedError(self.refusal)
 
-    def _sync(self, position: tuple[int, int] | None) -> None:
-        """Wait until the batch's log entry is on disk (outside the lock: group commit)."""
-        if position is None or self.wal is None:
-            return
+    def _sync(self, position: Any) -> None:
+        """Wait until the batch's log entry is on disk, or committed to the fleet log
+        (outside the lock: group commit)."""
         try:
-            self.wal.sync(position)
+            if self.fleet is not None and position is not None:
+                self.fleet.sync(position)
+            elif position is not None and self.wal is not None:
+                self.wal.sync(position)
         except WalError as exc:
             raise IngestFailedError(str(exc)) from exc
 
@@ -285,13 +346,20 @@ class Ingestor:
         header: BatchHeader | None,
         *,
         body: tuple[bytes, str] | None,
-    ) -> tuple[IngestOutcome, tuple[int, int] | None]:
-        position = None
+    ) -> tuple[IngestOutcome, Any]:
+        position: Any = None
         try:
             if not validated:
                 batch.validate()  # the screen reads the batch's shape: check it first
             now = self.engine.now()
             screened = screen(batch, now)
+            if self.fleet is not None:  # logged for every replica's reader to count
+                position = self.fleet.append(
+                    log_entry(screened, header, body), screened.max_finish_minute
+                )
+                self._count(protocol, "applied", num_bytes)
+                self._counts.rejected_records[protocol] += len(screened.rejections)
+                return self._outcome(screened.batch, header, screened.rejections), position
             if self.wal is not None:  # written ahead: a batch in the engine is in the log
                 position = self.wal.append(
                     log_entry(screened, header, body), screened.max_finish_minute
@@ -314,30 +382,36 @@ class Ingestor:
                 f"the goodput engine failed on this batch ({type(exc).__name__}); "
                 "nothing was marked applied, retry later"
             ) from exc
-        source = header.exporter_id if header else ""
+        self._after_apply(batch, protocol, header.exporter_id if header else "")
+        self._count(protocol, "applied", num_bytes)
+        self._counts.rejected_records[protocol] += len(screened.rejections)
+        return self._outcome(batch, header, screened.rejections), position
+
+    def _after_apply(self, batch: RecordBatch, protocol: str, source: str) -> None:
+        """Tell the listeners and count what the engine just took."""
         for listener in self._listeners:
             try:
                 listener(batch, source)
             except Exception:  # a control loop's bug must not fail ingest
                 self.listener_failures += 1
                 logger.exception("ingest listener %r failed", listener)
-        num_tokens = int(batch.emission_tokens.sum(dtype=np.int64))
-        counts = self._counts
-        self._count(protocol, "applied", num_bytes)
-        counts.records[protocol] += len(batch)
-        counts.rejected_records[protocol] += len(screened.rejections)
-        counts.tokens[protocol] += num_tokens
-        outcome = IngestOutcome(
+        self._counts.records[protocol] += len(batch)
+        self._counts.tokens[protocol] += int(batch.emission_tokens.sum(dtype=np.int64))
+
+    @staticmethod
+    def _outcome(
+        batch: RecordBatch, header: BatchHeader | None, rejections: tuple[RecordRejection, ...]
+    ) -> IngestOutcome:
+        return IngestOutcome(
             duplicate=False,
             exporter_id=header.exporter_id if header else "",
             seq=header.seq if header else 0,
             num_records=len(batch),
             num_final=int(np.count_nonzero(batch.final)),
             num_emissions=batch.num_emissions,
-            num_tokens=num_tokens,
-            rejections=screened.rejections,
+            num_tokens=int(batch.emission_tokens.sum(dtype=np.int64)),
+            rejections=rejections,
         )
-        return outcome, position
 
     def _count(self, protocol: str, outcome: str, num_bytes: int) -> None:
         self._counts.batches[(protocol, outcome)] += 1

@@ -28,7 +28,7 @@ from controlplane.ingest.wal import WriteAheadLog, decode_entry
 from exporters.records import RecordBatch
 from exporters.wire import CONTENT_TYPE_BINARY, BatchHeader, decode_any, encode_batch
 
-__all__ = ["VOID_ENTRY", "Cut", "ReplayStats", "log_entry", "replay"]
+__all__ = ["VOID_ENTRY", "Cut", "ReplayStats", "entry_batch", "log_entry", "replay"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ def log_entry(
     return entry
 
 
-def _batch(entry: dict[str, Any]) -> RecordBatch:
+def entry_batch(entry: dict[str, Any]) -> RecordBatch:
+    """The records an entry applied (its body decoded, the refused rows left out)."""
     _, batch = decode_any(entry["b"], entry["c"])
     refused = np.frombuffer(entry["r"], dtype="<u4")
     if refused.shape[0]:
@@ -117,7 +118,7 @@ def replay(
                         num_duplicates += 1
                         continue
                     seen.add(key)
-                batch = _batch(entry)
+                batch = entry_batch(entry)
                 finish_minute = finish_seconds(batch) // 60
                 if len(batch):
                     sealed.max_finish_minute = max(

@@ -22,7 +22,7 @@ from controlplane.models.enums import (
 )
 from controlplane.models.fleet import Command, FleetMember
 from controlplane.models.leader_lease import LeaderLease
-from controlplane.models.rollup import GoodputRollup, WalCheckpoint
+from controlplane.models.rollup import FleetLogEntry, GoodputRollup, WalCheckpoint
 from controlplane.models.slo import SLO, SLOVersion
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "CommandState",
     "ConsoleSession",
     "FleetKind",
+    "FleetLogEntry",
     "FleetMember",
     "FleetState",
     "GoodputRollup",
@@ -51,4 +52,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0008_rollup_classes_vantages"
+SCHEMA_REVISION = "0009_fleet_log"

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from controlplane.db import Base, UTCDateTime, UUIDString
 from controlplane.models.types import JSONDoc
 
-__all__ = ["GoodputRollup", "WalCheckpoint"]
+__all__ = ["FleetLogEntry", "GoodputRollup", "WalCheckpoint"]
 
 
 class GoodputRollup(Base):
@@ -69,3 +69,26 @@ class WalCheckpoint(Base):
     segment: Mapped[int] = mapped_column(sa.BigInteger)
     covered_until_minute: Mapped[int] = mapped_column(sa.BigInteger)
     dedup: Mapped[bytes] = mapped_column(sa.LargeBinary, default=b"")
+
+
+class FleetLogEntry(Base):
+    """One accepted ingest batch in the fleet's shared log (docs/scale-out.md).
+
+    Replicas sharing one PostgreSQL database with ``GOODPUT_FLEET_INGEST`` append every
+    batch they accept (``entry``: the write-ahead log's entry, ``controlplane.ingest.replay``)
+    and acknowledge it once the row is committed; every replica applies every row, in
+    ``txid`` order, to its engine. ``txid`` is the inserting transaction's id
+    (``pg_current_xact_id()``), ``origin`` the replica that took the batch,
+    ``max_finish_minute`` its records' latest finish minute (what decides when a checkpoint
+    covers the row and it is deleted).
+    """
+
+    __tablename__ = "goodput_fleet_log"
+    __table_args__ = (sa.Index("ix_goodput_fleet_log_txid", "txid"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    txid: Mapped[int] = mapped_column(sa.BigInteger)
+    origin: Mapped[str] = mapped_column(sa.String(255))
+    max_finish_minute: Mapped[int] = mapped_column(sa.BigInteger)
+    entry: Mapped[bytes] = mapped_column(sa.LargeBinary)

@@ -268,11 +268,12 @@ class LeadershipCollector(Collector):
 async def leadership_lifespan(app: FastAPI) -> AsyncIterator[None]:
     """``app.state.leadership``: the replica's lease on the loops, renewed while the app
     runs (the first renewal before the loops start, so that a lone replica leads from its
-    first tick) and released when it stops; ``None`` when no loop is enabled or the
-    database is SQLite."""
+    first tick) and released when it stops; ``None`` when no loop is enabled (and ingest
+    is not shared through the fleet log) or the database is SQLite."""
     settings = app.state.settings
     loops = settings.planner_enabled or settings.admission_enabled
-    if not loops or settings.database_url.startswith("sqlite"):
+    leads = loops or settings.fleet_ingest  # the fleet log's rollups have one writer too
+    if not leads or settings.database_url.startswith("sqlite"):
         # No loop to lead, or SQLite: one process, whose loops always run. A lease renewed
         # every few seconds there would be one more writer, and a read-then-write
         # transaction in WAL mode fails at once ("database is locked") when another
@@ -286,6 +287,9 @@ async def leadership_lifespan(app: FastAPI) -> AsyncIterator[None]:
         ttl_s=settings.leader_lease_ttl_s,
     )
     app.state.leadership = leadership
+    live = getattr(app.state, "live", None)
+    if live is not None:
+        live.leadership = leadership
     registry = getattr(app.state, "metrics_registry", None)
     collector = LeadershipCollector(leadership)
     if registry is not None:

@@ -26,8 +26,9 @@ stays: a later outage keeps the last set and retries its writes.
 The loop is one asyncio task stopped by an ``asyncio.Event`` (:attr:`stopping`, which the
 SSE streams watch too; ``controlplane.main.live_lifespan`` also sets it when the server
 begins a graceful shutdown). Engine work runs in worker threads (the engine is
-thread-safe). One replica owns the engine: ingest is not sharded between control-plane
-processes.
+thread-safe). With ``fleet_ingest`` the replicas sharing the database count every
+replica's batches from the fleet log (:meth:`LiveGoodput.read_fleet_log`), and the leader
+alone writes the rollups and the log's checkpoint (docs/scale-out.md).
 
 Example::
 
@@ -48,6 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -57,11 +59,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.errors import describe_error
 from controlplane.goodput import GoodputCollector, GoodputEngine, MinuteRollup, SLOSpec
 from controlplane.ingest import Deduplicator, IngestCollector, Ingestor
+from controlplane.ingest.fleet_log import FLEET_EPOCH, FleetLog
 from controlplane.ingest.replay import replay
 from controlplane.ingest.wal import WalError, WriteAheadLog
 from controlplane.services import rollups as rollup_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
+
+if TYPE_CHECKING:
+    from controlplane.runtime.leadership import Leadership
 
 __all__ = [
     "MAX_PENDING_ROLLUPS",
@@ -86,6 +92,7 @@ _COUNTS = (
     "write_failures",
     "loaded",
     "load_failures",
+    "fleet_rows_released",
 )
 Fingerprint = tuple[int, int, str]
 
@@ -132,6 +139,12 @@ class LiveGoodput:
         self._failing = False
         self._poll_failing = False
         self._counts = dict.fromkeys(_COUNTS, 0)
+        #: The replicas' lease (set by ``leadership_lifespan``): with the fleet log, only
+        #: its holder writes rollups.
+        self.leadership: Leadership | None = None
+        self._fleet_covered: tuple[int, int] | None = None
+        self._fleet_task: asyncio.Task[None] | None = None
+        self._was_leading = False
         self._registry = registry
         self._collectors: list[Collector] = []
         if registry is not None:
@@ -172,9 +185,15 @@ class LiveGoodput:
                 step.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await step
+        fleet_task, self._fleet_task = self._fleet_task, None
+        if fleet_task is not None:
+            await asyncio.wait({fleet_task}, timeout=_STOP_GRACE_S)
+            fleet_task.cancel()
         await self.write_rollups(until_time=self.clock() + 60.0)
         if self.ingestor.wal is not None:
             self.ingestor.wal.close()
+        if self.ingestor.fleet is not None:
+            await asyncio.to_thread(self.ingestor.fleet.close)
         if self._registry is not None:
             # The app may start again (tests, embedders): its registry must not keep us.
             for collector in self._collectors:
@@ -254,6 +273,8 @@ class LiveGoodput:
             history = await rollup_service.history(session, added, now=self.clock())
         checkpoint = await self._checkpoint() if self._needs_wal() else None
         self._counts["loaded"] += await asyncio.to_thread(self._install, specs, history)
+        if self.settings.fleet_ingest and self.ingestor.fleet is None:
+            await self._open_fleet_log()
         if checkpoint is not None:  # first load: the log's replay before any ingest
             try:
                 await asyncio.to_thread(self._open_wal, checkpoint)
@@ -275,7 +296,70 @@ class LiveGoodput:
         return True
 
     def _needs_wal(self) -> bool:
-        return self.ingestor.wal is None and self.settings.wal_path() is not None
+        return (
+            not self.settings.fleet_ingest
+            and self.ingestor.wal is None
+            and self.settings.wal_path() is not None
+        )
+
+    # -- the fleet log ------------------------------------------------------------------------
+
+    async def _open_fleet_log(self) -> None:
+        """Catch up with the fleet log from the checkpoint the stored rollups were written
+        with, then take ingest and read on (:meth:`read_fleet_log`)."""
+        async with self.sessions() as session:
+            row = await rollup_service.checkpoint(session, rollup_service.FLEET_CHECKPOINT)
+        covered = (0, 0) if row is None else (row.segment, row.covered_until_minute)
+        replica = self.replica_id
+        log = await asyncio.to_thread(FleetLog, self.settings.database_url, replica)
+        if row is not None:
+            self.ingestor.dedup.restore(bytes(row.dedup))
+        self._fleet_covered = covered
+        records = 0
+        while rows := await asyncio.to_thread(log.read, self.ingestor.fleet_cursor):
+            records += await asyncio.to_thread(self.ingestor.apply_rows, rows, covered=covered)
+        self._counts["wal_replayed_records"] += records
+        self.ingestor.fleet = log
+        logger.info(
+            "fleet ingest log: %s caught up to transaction %d (%d records past the checkpoint)",
+            replica,
+            self.ingestor.fleet_cursor,
+            records,
+        )
+        self._fleet_task = asyncio.create_task(self._read_fleet_loop(), name="goodput-fleet-log")
+
+    @property
+    def replica_id(self) -> str:
+        from controlplane.runtime.leadership import default_replica_id
+
+        return self.settings.replica_id or default_replica_id()
+
+    async def read_fleet_log(self) -> int:
+        """Apply what the fleet log holds past this replica's cursor; records applied."""
+        log = self.ingestor.fleet
+        if log is None:
+            return 0
+        records = 0
+        while rows := await asyncio.to_thread(log.read, self.ingestor.fleet_cursor):
+            records += await asyncio.to_thread(
+                self.ingestor.apply_rows, rows, covered=self._fleet_covered
+            )
+        return records
+
+    async def _read_fleet_loop(self) -> None:
+        interval_s = self.settings.fleet_read_interval_s
+        failing = False
+        while not self.stopping.is_set():
+            try:
+                await self.read_fleet_log()
+            except Exception as exc:  # the database is away: read on when it is back
+                if not failing:
+                    logger.warning("reading the fleet ingest log failed (%s)", describe_error(exc))
+                failing = True
+            else:
+                failing = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=interval_s)
 
     async def _checkpoint(self) -> WalCheckpointState:
         """The log's checkpoint from the database; on a fresh database a new epoch, saved
@@ -319,7 +403,20 @@ class LiveGoodput:
         written; on a database error keeps them for the next call and returns 0."""
         until = self.clock() if until_time is None else until_time
         wal = self.ingestor.wal
+        fleet = self.ingestor.fleet
         cut = await asyncio.to_thread(self.ingestor.cut, until)
+        if fleet is not None:  # the leader writes for every replica: they count alike
+            leadership = self.leadership
+            leading = leadership is not None and leadership.is_leader()
+            if not leading:
+                self._was_leading = False
+                self._pending.clear()
+                return 0
+            if not self._was_leading:  # what the last leader may not have written
+                self._was_leading = True
+                since = self._fleet_covered[1] * 60 if self._fleet_covered else until - 7200
+                for rollup in self.engine.reemit_rollups(since, until):
+                    self._pending[(rollup.slo_id, rollup.minute_start)] = rollup
         for rollup in cut.rollups:
             self._pending[(rollup.slo_id, rollup.minute_start)] = rollup
         # An SLO deleted since: its rows would fail the whole write (foreign key) forever.
@@ -327,13 +424,24 @@ class LiveGoodput:
         for key in [k for k in self._pending if k[0] not in live_ids]:
             del self._pending[key]
         self._trim_pending()
-        if not self._pending and wal is None:
+        if not self._pending and wal is None and fleet is None:
             return 0
         covered_until_minute = math.floor(until) // 60
         try:
             async with self.sessions() as session, session.begin():
+                if fleet is not None and self.leadership is not None:
+                    await self.leadership.fence(session)  # a deposed leader writes nothing
                 written = await rollup_service.upsert(session, self._pending.values())
-                if wal is not None:  # the same transaction: the rollups and what they cover
+                if fleet is not None:  # the rollups and the fleet log's rows they cover
+                    await rollup_service.save_checkpoint(
+                        session,
+                        epoch=FLEET_EPOCH,
+                        segment=cut.segment,
+                        covered_until_minute=covered_until_minute,
+                        dedup=cut.dedup,
+                        row_id=rollup_service.FLEET_CHECKPOINT,
+                    )
+                elif wal is not None:  # the same transaction: the rollups and what they cover
                     await rollup_service.save_checkpoint(
                         session,
                         epoch=wal.epoch,
@@ -359,6 +467,16 @@ class LiveGoodput:
         if wal is not None:
             released = wal.release(cut.segment, covered_until_minute)
             self._counts["wal_segments_released"] += released
+        if fleet is not None:
+            self._fleet_covered = (cut.segment, covered_until_minute)
+            try:
+                released = await asyncio.to_thread(
+                    fleet.release, cut.segment, covered_until_minute
+                )
+            except Exception as exc:  # the next checkpoint deletes them
+                logger.warning("releasing fleet log rows failed (%s)", describe_error(exc))
+            else:
+                self._counts["fleet_rows_released"] += released
         return written
 
     def _trim_pending(self) -> None:
@@ -466,6 +584,38 @@ class _RuntimeCollector:
         yield written
         for family, name, doc, key in _FAMILIES:
             yield family(name, doc, value=counts[key])
+        ingestor = self._live.ingestor
+        fleet = ingestor.fleet
+        if fleet is None:
+            return
+        rows = CounterMetricFamily(
+            "goodput_fleet_log_rows",
+            "Fleet log rows this replica read: applied, or duplicate (a batch counted before).",
+            labels=["outcome"],
+        )
+        for outcome, value in ingestor.fleet_rows.items():
+            rows.add_metric([outcome], value)
+        yield rows
+        yield CounterMetricFamily(
+            "goodput_fleet_log_appended_rows",
+            "Batches this replica appended to the fleet log (acknowledged once committed).",
+            value=fleet.num_rows_appended,
+        )
+        yield CounterMetricFamily(
+            "goodput_fleet_log_commit_failures",
+            "Fleet log commits that failed (their batches answered 503, resent).",
+            value=fleet.num_commit_failures,
+        )
+        yield CounterMetricFamily(
+            "goodput_fleet_log_released_rows",
+            "Fleet log rows deleted once a checkpoint covered them (by this replica, leading).",
+            value=counts["fleet_rows_released"],
+        )
+        yield GaugeMetricFamily(
+            "goodput_fleet_log_cursor",
+            "The last fleet log transaction id this replica applied.",
+            value=ingestor.fleet_cursor,
+        )
 
 
 def app_registry() -> CollectorRegistry:

@@ -26,7 +26,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.goodput import MinuteRollup, SLOSpec
 from controlplane.models import GoodputRollup, WalCheckpoint
 
-__all__ = ["HISTORY_MIN_S", "checkpoint", "history", "save_checkpoint", "upsert"]
+__all__ = [
+    "FLEET_CHECKPOINT",
+    "HISTORY_MIN_S",
+    "WAL_CHECKPOINT",
+    "checkpoint",
+    "history",
+    "save_checkpoint",
+    "upsert",
+]
 
 #: History loaded for an SLO: its compliance window, and at least a day (the ``1d`` window).
 HISTORY_MIN_S = 86_400.0
@@ -132,18 +140,29 @@ def _upsert(dialect: str) -> sa.Executable:
     )
 
 
-async def checkpoint(session: AsyncSession) -> WalCheckpoint | None:
-    """The write-ahead log's checkpoint row (``None`` on a fresh database)."""
-    row: WalCheckpoint | None = await session.get(WalCheckpoint, 1)
+#: The checkpoint row of the local write-ahead log, and of the fleet log (docs/scale-out.md).
+WAL_CHECKPOINT, FLEET_CHECKPOINT = 1, 2
+
+
+async def checkpoint(session: AsyncSession, row_id: int = WAL_CHECKPOINT) -> WalCheckpoint | None:
+    """The write-ahead log's checkpoint row, or the fleet log's (``None`` on a fresh
+    database)."""
+    row: WalCheckpoint | None = await session.get(WalCheckpoint, row_id)
     return row
 
 
 async def save_checkpoint(
-    session: AsyncSession, *, epoch: str, segment: int, covered_until_minute: int, dedup: bytes
+    session: AsyncSession,
+    *,
+    epoch: str,
+    segment: int,
+    covered_until_minute: int,
+    dedup: bytes,
+    row_id: int = WAL_CHECKPOINT,
 ) -> None:
     """Upsert the checkpoint row (in the caller's transaction: the one of the rollups)."""
     values = {
-        "id": 1,
+        "id": row_id,
         "epoch": epoch,
         "segment": segment,
         "covered_until_minute": covered_until_minute,

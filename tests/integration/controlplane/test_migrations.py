@@ -35,6 +35,7 @@ TABLES = {
     "role_pin",
     "role_move",
     "leader_lease",
+    "goodput_fleet_log",
 }
 
 
