@@ -13,7 +13,9 @@ admission adapter's default 1-s sync), through the simulator's adapters
 knee (Azure code, prompts ×4: a share of them cannot meet the TTFT objective even on an
 idle instance; ``serving.sim.experiments.infeasible``): the report says "no knee" and
 compares no control, the threshold shedder and our admission (the SLO's ``infeasible``
-choice ``admit`` and ``reject``, alone and with the planner) on goodput at fixed rates.
+choice ``admit`` and ``reject``, alone and with the planner) on goodput at fixed rates;
+then the planner from other splits (the balanced one, 1 prefill) against the best static
+split at each rate.
 
 Last line, for ours (``others`` holds the same figures for every other contender):
 ``{"overload_goodput_ratio"`` (min over traces and levels of goodput ÷ peak goodput; goal
@@ -27,7 +29,10 @@ of the peak and the offered token load; goal ≥ 0.9), ``"worst_class_availabili
 over traces, levels and prompt-length classes — the quartiles of the trace's prompt
 lengths — of admitted ÷ offered; goal ≥ 0.25), ``"worst_class_availability_ratio"`` (the
 same class's availability ÷ its cell's overall availability; goal ≥ 0.5, the admission
-rule's floor)``, ...}``.
+rule's floor), ``"long_prompt_vs_best_static"`` (min over the long-prompt rates and the
+planner's starts of ours' goodput, ``infeasible`` ``reject``, ÷ the best static split's
+under the same admission; goal ≥ 0.9; ``long_prompt`` holds every ratio, the planner
+alone's too)``, ...}``.
 
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
 
@@ -267,7 +272,8 @@ def main() -> None:
         t: round(next(c.peak_token_goodput_tps for c in cells if c.trace == t), 1) for t in peaks
     }
     headline["knee_rate_scale"] = {t: round(c.rate, 3) for t, c in caps.items()}
-    headline["long_prompt"] = long_prompt_json(long_setup, long_cells)
+    headline["long_prompt"] = long_json = long_prompt_json(long_setup, long_cells)
+    headline["long_prompt_vs_best_static"] = long_json["ours_vs_best_static"]
     headline["instances"] = size.instances
     headline["wall_s"] = round(time.perf_counter() - wall0, 1)
     print(json.dumps(headline))

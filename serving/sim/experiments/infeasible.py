@@ -15,6 +15,15 @@ default: such requests are served as best effort, unjudged, counted apart) and `
 (``num_infeasible``) and the share of the offered requests whose idle TTFT exceeds the
 objective by the profile's latency model (``infeasible_share``).
 
+**Does the planner reach the best static split?** The contenders start from the best
+static split, where the planner has nothing to find. So the planner also starts from the
+other splits of :func:`planner_starts` (the balanced one and the most decode-heavy one):
+ours (admission + planner, ``infeasible`` ``reject``) from each, against the best static
+split *under the same admission* (``ours (admission only), infeasible reject`` on every
+split, the best of them: ``BEST_STATIC_ADMISSION``), and the planner alone from each
+start, against the best static split without control. :func:`long_prompt_vs_best_static`
+gives the ratios (goal: ≥ 0.9 for ours).
+
 Example::
 
     setup, cells = long_prompts(Scenario("azure_code", 4, 60.0), contenders)
@@ -22,12 +31,12 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from serving.sim.cluster import Workload
+from serving.sim.cluster import SimPolicy, Workload
 from serving.sim.control.admission import SimAdmission
 from serving.sim.control.baselines import static_splits
 from serving.sim.control.planner import PlannerPolicy
@@ -45,6 +54,8 @@ from serving.sim.experiments.scenario import Scenario
 from serving.sim.experiments.shift import shift_inputs
 
 __all__ = [
+    "BEST_STATIC",
+    "BEST_STATIC_ADMISSION",
     "LONG_PROMPT_FACTOR",
     "LONG_PROMPT_RATES",
     "LONG_PROMPT_TRACE",
@@ -54,7 +65,9 @@ __all__ = [
     "long_prompt_json",
     "long_prompt_table",
     "long_prompt_verdict",
+    "long_prompt_vs_best_static",
     "long_prompts",
+    "planner_starts",
 ]
 
 LONG_PROMPT_TRACE = "azure_code"
@@ -64,6 +77,13 @@ LONG_PROMPT_FACTOR = 4.0
 LONG_PROMPT_RATES = (1.0, 2.0, 4.0, 8.0)
 #: Lighter rates probed (with ``LONG_PROMPT_RATES[0]``) on every split for a knee.
 KNEE_PROBES = (0.5,)
+#: The best static split without control at each rate.
+BEST_STATIC = "best static"
+#: The best static split under our admission (``infeasible`` ``reject``) at each rate.
+BEST_STATIC_ADMISSION = "best static, ours (admission only), infeasible reject"
+#: The planner alone (no admission), as the reach runs name it.
+PLANNER_ONLY = "ours (planner only)"
+_OURS_REJECT = f"{OURS}, infeasible reject"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +168,22 @@ def _ours(infeasible: str) -> Contender:
     return Contender(f"{OURS}, infeasible {infeasible}", build, plans=True)
 
 
+def _planner_only(scenario: Scenario, split: tuple[int, int]) -> PlannerPolicy:
+    return PlannerPolicy(profile=scenario.spec(split).profile, objectives=scenario.objectives)
+
+
+def _from(name: str, split: tuple[int, int]) -> str:
+    return f"{name}, from {split[0]}P:{split[1]}D"
+
+
+def planner_starts(num_instances: int, split: tuple[int, int]) -> list[tuple[int, int]]:
+    """The splits the planner also starts from, besides the contenders' ``split``: the
+    balanced one and the most decode-heavy one (1 prefill)."""
+    half = num_instances // 2
+    starts = [(half, num_instances - half), (1, num_instances - 1)]
+    return [s for s in dict.fromkeys(starts) if s != split and min(s) >= 1]
+
+
 def long_prompt_contenders() -> list[Contender]:
     """No control, the threshold shedder, and our admission (alone and with the planner)
     with each ``infeasible`` choice."""
@@ -174,9 +210,11 @@ def long_prompts(
     *,
     factor: float = LONG_PROMPT_FACTOR,
     rates: Sequence[float] = LONG_PROMPT_RATES,
+    reach: bool = True,
 ) -> tuple[LongPromptSetup, list[LongPromptCell]]:
     """The knee verdict and every contender (and the best static split) at each of
-    ``rates`` (see the module docstring)."""
+    ``rates``; with ``reach``, also the planner from the other starts and the best static
+    split under our admission (see the module docstring)."""
     transform = _transform(scenario, factor)
     splits = static_splits(scenario.num_instances)
     probes: list[tuple[float, tuple[int, int], float]] = []
@@ -203,8 +241,79 @@ def long_prompts(
             )
             cells.append(LongPromptCell(rate, contender.name, out, share, _rule_counts(policy)))
         static = best_static(scenario, rate, splits, transform=transform)[0]
-        cells.append(LongPromptCell(rate, "best static", static, share, None))
+        cells.append(LongPromptCell(rate, BEST_STATIC, static, share, None))
+        if reach:
+            cells += _reach(scenario, split, rate, share, transform)
     return setup, cells
+
+
+def _reach(
+    scenario: Scenario,
+    split: tuple[int, int],
+    rate: float,
+    share: float,
+    transform: Callable[[Workload], Workload],
+) -> list[LongPromptCell]:
+    """Ours (``reject``) from the other starts, the planner alone from every start, and the
+    best static split under our admission, at ``rate``."""
+    cells: list[LongPromptCell] = []
+    ours = _ours("reject")
+    runs: list[tuple[str, tuple[int, int], SimPolicy | None]] = [
+        (_from(ours.name, start), start, ours.make(scenario, start))
+        for start in planner_starts(scenario.num_instances, split)
+    ]
+    runs += [
+        (_from(PLANNER_ONLY, start), start, _planner_only(scenario, start))
+        for start in (split, *planner_starts(scenario.num_instances, split))
+    ]
+    for name, start, policy in runs:
+        out = run_policy(scenario, start, rate, policy, name=name, transform=transform)
+        cells.append(LongPromptCell(rate, name, out, share, _rule_counts(policy)))
+    gated: list[tuple[RunOutcome, dict[str, int] | None]] = []
+    for static_split in static_splits(scenario.num_instances):
+        gate = _admission("reject").make(scenario, static_split)
+        out = run_policy(
+            scenario, static_split, rate, gate, name=BEST_STATIC_ADMISSION, transform=transform
+        )
+        gated.append((out, _rule_counts(gate)))
+    best, counts = max(gated, key=lambda g: g[0].goodput_rps)
+    cells.append(LongPromptCell(rate, BEST_STATIC_ADMISSION, best, share, counts))
+    return cells
+
+
+def long_prompt_vs_best_static(cells: Sequence[LongPromptCell]) -> dict[str, list[float | None]]:
+    """Per run of ours (``infeasible`` ``reject``, from each start) and of the planner
+    alone: its goodput ÷ the best static split's at each rate (under the same admission for
+    ours, without control for the planner alone); ``None`` where that best is 0."""
+    rates = sorted({c.rate for c in cells})
+    best = {(c.contender, c.rate): c.outcome.goodput_rps for c in cells}
+    ratios: dict[str, list[float | None]] = {}
+    for name in dict.fromkeys(c.contender for c in cells):
+        if name == _OURS_REJECT or name.startswith(f"{_OURS_REJECT}, from "):
+            reference = BEST_STATIC_ADMISSION
+        elif name.startswith(f"{PLANNER_ONLY}, from "):
+            reference = BEST_STATIC
+        else:
+            continue
+        row: list[float | None] = []
+        for rate in rates:
+            base = best.get((reference, rate), 0.0)
+            mine = best.get((name, rate))
+            row.append(round(mine / base, 4) if mine is not None and base > 0 else None)
+        if any(r is not None for r in row):
+            ratios[name] = row
+    return ratios
+
+
+def _worst(ratios: Mapping[str, Sequence[float | None]], planner_only: bool) -> float | None:
+    picked = [
+        r
+        for name, row in ratios.items()
+        if name.startswith(PLANNER_ONLY) == planner_only
+        for r in row
+        if r is not None
+    ]
+    return min(picked) if picked else None
 
 
 def long_prompt_verdict(setup: LongPromptSetup) -> str:
@@ -244,7 +353,8 @@ def long_prompt_table(
                 row.append("–")
                 continue
             out = cell.outcome
-            extra = f"{out.split[0]}P:{out.split[1]}D, " if name == "best static" else ""
+            best = name in (BEST_STATIC, BEST_STATIC_ADMISSION)
+            extra = f"{out.split[0]}P:{out.split[1]}D, " if best else ""
             counts = cell.num_infeasible
             infeasible = (
                 f", infeasible {counts['admit']}/{counts['defer']}/{counts['reject']}"
@@ -262,13 +372,24 @@ def long_prompt_table(
         rps = cell.outcome.total.offered / cell.outcome.duration_s
         offered.append(f"{rps:.2f} req/s, {100 * cell.infeasible_share:.0f} % infeasible")
     lines.append("| *offered* | " + " | ".join(offered) + " |")
+    ratios = long_prompt_vs_best_static(cells)
+    if ratios:
+        at = " / ".join(f"{r:g}×" for r in rates)
+        lines += ["", f"Goodput ÷ the best static split's, at {at}:", ""]
+        for name, ratio_row in ratios.items():
+            base = BEST_STATIC if name.startswith(PLANNER_ONLY) else BEST_STATIC_ADMISSION
+            figures = " / ".join("–" if r is None else f"{r:.2f}" for r in ratio_row)
+            lines.append(f"- {name} ÷ {base}: {figures}")
     return "\n".join(lines)
 
 
 def long_prompt_json(setup: LongPromptSetup, cells: Sequence[LongPromptCell]) -> dict[str, object]:
-    """The headline figures: the knee (``None``: no knee) and goodput per contender at
-    each fixed rate (req/s)."""
+    """The headline figures: the knee (``None``: no knee), goodput per contender at each
+    fixed rate (req/s), the ratios of :func:`long_prompt_vs_best_static` and the lowest of
+    them for ours (``ours_vs_best_static``) and for the planner alone
+    (``planner_only_vs_best_static``)."""
     rates = sorted({c.rate for c in cells})
+    ratios = long_prompt_vs_best_static(cells)
     return {
         "knee_rate_scale": setup.knee,
         "split": f"{setup.split[0]}P:{setup.split[1]}D",
@@ -288,4 +409,7 @@ def long_prompt_json(setup: LongPromptSetup, cells: Sequence[LongPromptCell]) ->
             ]
             for name in dict.fromkeys(c.contender for c in cells)
         },
+        "vs_best_static": ratios,
+        "ours_vs_best_static": _worst(ratios, planner_only=False),
+        "planner_only_vs_best_static": _worst(ratios, planner_only=True),
     }
