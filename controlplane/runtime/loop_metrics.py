@@ -14,6 +14,15 @@
   ``best`` split it found. Absent until the planner's first tick with an SLO that constrains
   TTFT or ITL. The observed goodput to compare with is Prometheus's own rate of
   ``goodput_requests_total{result="good"}``.
+* ``goodput_planner_move_predicted_goodput_rps{to_role}`` and
+  ``goodput_planner_move_observed_goodput_rps{to_role}``: the effect of the last planner move
+  to each pool whose observed effect was recorded (``planner_observe_after_s`` after it was
+  done): the goodput its plan predicted after the move (``predicted_effect.after``) and the
+  goodput observed then (the busiest SLO's over the last minute, ``observed_effect``), the
+  figures ``GET /api/v1/automation/moves/{id}`` gives. Set when the record commits, so each
+  value changes with a move's recorded effect and stays until the next one to that pool: at
+  most three series each (``prefill``, ``decode``, ``both``), absent until the first effect
+  recorded by this process (the predicted one also for a move whose plan predicted nothing).
 
 :func:`command_collector` is registered on every app registry
 (:func:`controlplane.runtime.live.app_registry`); :class:`PlannerCollector` by the planner's
@@ -23,7 +32,8 @@ lifespan while the planner runs.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -33,7 +43,13 @@ from controlplane.policies.planner import Plan
 from controlplane.services.commands import COMMAND_COUNTS, CommandCounts
 from exporters.commands import CommandKind
 
-__all__ = ["CommandCollector", "PlannerCollector", "PlannerState", "command_collector"]
+__all__ = [
+    "CommandCollector",
+    "MoveEffect",
+    "PlannerCollector",
+    "PlannerState",
+    "command_collector",
+]
 
 SPLITS = ("current", "target", "best")
 
@@ -63,6 +79,24 @@ def command_collector() -> CommandCollector:
     return CommandCollector()
 
 
+@dataclass(frozen=True)
+class MoveEffect:
+    """One planner move's goodput (requests/s): predicted by its plan, and observed once
+    ``planner_observe_after_s`` had passed (``None``: the move carries no prediction)."""
+
+    predicted_goodput_rps: float | None
+    observed_goodput_rps: float
+
+    @classmethod
+    def of(cls, observed: Mapping[str, Any]) -> MoveEffect:
+        """From a move's recorded ``observed_effect`` (its ``*_goodput_rps`` fields)."""
+        predicted = observed.get("predicted_goodput_rps")
+        return cls(
+            None if predicted is None else float(predicted),
+            float(observed["observed_goodput_rps"]),
+        )
+
+
 class PlannerState(Protocol):
     """What :class:`PlannerCollector` reads of a
     :class:`~controlplane.runtime.planner.PlannerRuntime`."""
@@ -72,6 +106,9 @@ class PlannerState(Protocol):
 
     @property
     def last_plan(self) -> Plan | None: ...
+
+    @property
+    def move_effects(self) -> Mapping[str, MoveEffect]: ...
 
 
 class PlannerCollector(Collector):
@@ -102,3 +139,25 @@ class PlannerCollector(Collector):
             for split in SPLITS:
                 predicted.add_metric([split], getattr(plan, split).goodput_rps)
         yield predicted
+        move_predicted = GaugeMetricFamily(
+            "goodput_planner_move_predicted_goodput_rps",
+            "Goodput (requests/s) the last planner move to each pool whose effect was "
+            "recorded was predicted to reach.",
+            labels=("to_role",),
+        )
+        move_observed = GaugeMetricFamily(
+            "goodput_planner_move_observed_goodput_rps",
+            "Goodput (requests/s) observed after the last planner move to each pool whose "
+            "effect was recorded (the busiest SLO, last minute).",
+            labels=("to_role",),
+        )
+        effects = dict(planner.move_effects)
+        for role in PoolRole:
+            effect = effects.get(role.value)
+            if effect is None:
+                continue
+            if effect.predicted_goodput_rps is not None:
+                move_predicted.add_metric([role.value], effect.predicted_goodput_rps)
+            move_observed.add_metric([role.value], effect.observed_goodput_rps)
+        yield move_predicted
+        yield move_observed

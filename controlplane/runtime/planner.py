@@ -14,7 +14,8 @@ transaction:
 2. advances the role moves in progress (``controlplane.services.automation``: drain →
    set_role + resume → done) and records the observed effect of moves done
    ``planner_observe_after_s`` ago (the goodput engine's last minute per SLO, beside the
-   prediction);
+   prediction; a planner move's predicted and observed goodput are also kept, once the tick
+   commits, for ``goodput_planner_move_*_goodput_rps``);
 3. builds the planner's snapshot (``controlplane.runtime.planner_snapshot.build_snapshot``) from
    the fleet registry's heartbeats (role, state, ``num_requests_running``,
    ``num_requests_waiting``, optional ``prefill_queue_tokens``, ``decode_context_tokens``,
@@ -62,7 +63,7 @@ from controlplane.policies.planner_demand import DemandWindow
 from controlplane.policies.targets import slo_targets
 from controlplane.runtime.learner import count_decode_instances
 from controlplane.runtime.loop import ControlLoop, loop_lifespan
-from controlplane.runtime.loop_metrics import PlannerCollector
+from controlplane.runtime.loop_metrics import MoveEffect, PlannerCollector
 from controlplane.runtime.planner_snapshot import build_snapshot
 from controlplane.schemas.automation import TickPublic
 from controlplane.services import automation
@@ -96,6 +97,9 @@ class PlannerRuntime(ControlLoop):
         self.last_plan: Plan | None = None
         # Moves started, by the pool they move to (goodput_planner_moves_total).
         self.moves_started: dict[str, int] = {}
+        # The last planner move to each pool whose effect was recorded
+        # (goodput_planner_move_{predicted,observed}_goodput_rps).
+        self.move_effects: dict[str, MoveEffect] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -123,6 +127,7 @@ class PlannerRuntime(ControlLoop):
         started = time.perf_counter()
         now_s = self.clock()
         now = datetime.fromtimestamp(now_s, UTC)
+        effects: list[tuple[str, MoveEffect]] = []  # planner moves' effects recorded
         async with self.sessions() as session, session.begin():
             await self.fence(session)
             state = await automation.get_state(session)
@@ -134,36 +139,39 @@ class PlannerRuntime(ControlLoop):
                     sa.select(FleetMember).where(FleetMember.kind == FleetKind.WORKER)
                 )
             }
-            advanced, observed = await self._advance(session, members, now)
+            advanced, observed = await self._advance(session, members, now, effects)
             result = await self._plan(session, members, now)
-            if result is None:
-                return self._done(
-                    now,
-                    started,
-                    reason="no SLO constrains TTFT or ITL",
-                    advanced=advanced,
-                    observed=observed,
-                )
             moves = []
-            for move in result.moves:
-                evidence = {
-                    **result.evidence,
-                    "reason": result.reason,
-                    "instance": dict(move.evidence),
-                }
-                row = await automation.start_move(
-                    session,
-                    members[move.instance_id],
-                    move.to_role,
-                    mode=move.mode,
-                    evidence=evidence,
-                    predicted=dict(move.predicted),
-                    actor=PLANNER_ACTOR,
-                    now=now,
-                    timings=self.timings,
-                )
-                moves.append(row.id)
-        # Committed: count the moves and keep the plan (controlplane.runtime.loop_metrics).
+            if result is not None:
+                for move in result.moves:
+                    evidence = {
+                        **result.evidence,
+                        "reason": result.reason,
+                        "instance": dict(move.evidence),
+                    }
+                    row = await automation.start_move(
+                        session,
+                        members[move.instance_id],
+                        move.to_role,
+                        mode=move.mode,
+                        evidence=evidence,
+                        predicted=dict(move.predicted),
+                        actor=PLANNER_ACTOR,
+                        now=now,
+                        timings=self.timings,
+                    )
+                    moves.append(row.id)
+        # Committed: keep the effects recorded, count the moves and keep the plan
+        # (controlplane.runtime.loop_metrics).
+        self.move_effects.update(effects)
+        if result is None:
+            return self._done(
+                now,
+                started,
+                reason="no SLO constrains TTFT or ITL",
+                advanced=advanced,
+                observed=observed,
+            )
         for move in result.moves:
             role = move.to_role.value
             self.moves_started[role] = self.moves_started.get(role, 0) + 1
@@ -179,8 +187,14 @@ class PlannerRuntime(ControlLoop):
         )
 
     async def _advance(
-        self, session: AsyncSession, members: Mapping[str, FleetMember], now: datetime
+        self,
+        session: AsyncSession,
+        members: Mapping[str, FleetMember],
+        now: datetime,
+        effects: list[tuple[str, MoveEffect]],
     ) -> tuple[int, int]:
+        """Advance the open moves and record the effect of those due; the planner's own
+        moves' effects are appended to ``effects`` (kept once the tick commits)."""
         rows = await session.scalars(
             sa.select(RoleMove).where(
                 sa.or_(
@@ -196,7 +210,10 @@ class PlannerRuntime(ControlLoop):
         advanced = observed = 0
         for move in list(rows):
             if move.state is MoveState.DONE:
-                await automation.record_observed(session, move, self._observed(move, members, now))
+                effect = self._observed(move, members, now)
+                await automation.record_observed(session, move, effect)
+                if move.source == PLANNER_ACTOR:
+                    effects.append((move.to_role.value, MoveEffect.of(effect)))
                 observed += 1
             elif await automation.advance_move(
                 session,

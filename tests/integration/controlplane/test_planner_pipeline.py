@@ -242,6 +242,14 @@ async def test_tick_to_observed_effect(
     assert observed["pools"] == {"prefill": 2, "decode": 2, "both": 0}
     assert observed["predicted_goodput_rps"] == move["predicted_effect"]["after"]["goodput_rps"]
     assert [s["slo"] for s in observed["slos"]] == ["chat"]
+    # The same two figures on /metrics, for the pool the move went to.
+    text = (await client.get("/metrics", headers=operator_headers)).text
+    assert samples(text, "goodput_planner_move_predicted_goodput_rps") == {
+        "prefill": pytest.approx(observed["predicted_goodput_rps"])
+    }
+    assert samples(text, "goodput_planner_move_observed_goodput_rps") == {
+        "prefill": pytest.approx(observed["observed_goodput_rps"])
+    }
     for command in await commands_of(app, move_id):
         assert command.state.value == "acked"
         assert command.observed_effect is not None
