@@ -9,7 +9,8 @@ the ``datasource`` variable, and links to the others that keep the time range an
   with the objective's threshold drawn, per-objective pass share, budget burn-down,
   rejected requests by priority class.
 * ``goodput-pd-fleet``: instances by role and state, queue depth, KV-cache use, KV handed
-  over between pools (tokens by source, bytes/s, transfer time), vLLM's own ``vllm:*``
+  over between pools (tokens by source, bytes/s, transfer time; the prefill side's save
+  bytes/s and save time), vLLM's own ``vllm:*``
   latency panels, role and policy changes, commands and planner moves as annotations.
 * ``goodput-control-loops``: admission (admitted vs shed by class and reason, mode, policy
   version, predicted vs observed TTFT), commands by kind and state, the planner's moves and
@@ -496,6 +497,37 @@ def _pd_fleet() -> gd.Dashboard:
             "connector's load of the prompt's layers (docs/serving.md).",
         )
     )
+    board = board.with_panel(
+        _series(
+            "KV save bytes per second",
+            [
+                (
+                    f"sum by (instance, model) (rate(goodput_kv_save_bytes_total[{RATE}]))",
+                    "{{instance}} {{model}}",
+                )
+            ],
+            unit="Bps",
+            description="The sender's side of the hand-off: KV-cache bytes the prefill "
+            "instances wrote and published for the decode pool to load (vLLM workers: the KV "
+            "connector's saves, through the stat-logger plugin; sim workers export none).",
+        )
+    )
+    board = board.with_panel(
+        _series(
+            "KV save time",
+            [
+                (
+                    f"histogram_quantile({q}, sum by (le, model) "
+                    f"(rate(goodput_kv_save_seconds_bucket[{RATE}])))",
+                    f"p{q * 100:g} {{{{model}}}}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            unit="s",
+            description="vLLM workers: the time to write a prompt's KV cache (the layer "
+            "writes during the forward pass) and publish it (the rename), per prompt saved.",
+        )
+    )
     board = board.with_row(gd.Row("vLLM"))
     for name, title in (
         ("vllm:time_to_first_token_seconds", "vLLM TTFT p99"),
@@ -641,11 +673,21 @@ def _control_loops() -> gd.Dashboard:
                     f'max(sum by (slo) (rate(goodput_requests_total{{result="good"}}[{RATE}])))',
                     "observed (busiest SLO)",
                 ),
+                (
+                    "goodput_planner_move_predicted_goodput_rps",
+                    "last move to {{to_role}}: predicted",
+                ),
+                (
+                    "goodput_planner_move_observed_goodput_rps",
+                    "last move to {{to_role}}: observed",
+                ),
             ],
             unit="reqps",
             description="The planner's last prediction for the current split, the split it "
-            "moves toward and the best split, against the good requests/s of the busiest SLO "
-            "(what a move's observed effect records).",
+            "moves toward and the best split, against the good requests/s of the busiest SLO. "
+            "Per move: the goodput the last planner move to each pool was predicted to reach "
+            "and the goodput observed once its effect was recorded (planner_observe_after_s "
+            "after it was done; absent until a move's effect is recorded).",
         )
     )
     board = board.with_row(gd.Row("Gateway"))

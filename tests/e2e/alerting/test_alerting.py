@@ -10,6 +10,11 @@ test. Bad requests for one SLO page through to the webhook with the SLO's labels
 annotations; good traffic resolves it; the other SLOs stay silent. Every panel query of
 every dashboard runs against that Prometheus and returns series, and every metric a panel
 names is recorded by the rules or exported by a scraped process.
+
+Sim workers save no KV cache (the prefill side's ``goodput_kv_save_*`` comes from vLLM
+workers' stat-logger plugin), and there is no vLLM here: the plugin's own collector
+(:class:`~serving.vllm_plugin.kv_transfer.KVTransferCollector`, pure) is served on a target
+of its own, fed the ``kv_connector_stats`` dicts a vLLM prefill engine's steps ship.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from exporters.transport import ControlPlaneExporter
 from goodput._demo_processes import ChildProcess, pick_port, run_cli
 from goodput.demo_prometheus import INSTALL_HINT, missing_binaries, start_monitoring
 from migrations import upgrade
+from serving.vllm_plugin.kv_transfer import KVTransferCollector
 from tests.e2e.control.conftest import open_loop
 from tests.e2e.sim.conftest import start_pd
 from tests.integration.controlplane.conftest import create_schema, drop_schema, schema_url
@@ -83,6 +89,13 @@ class Stack:
     rules: str
     sent: int = 0
     log: list[str] = field(default_factory=list)
+    kv_saves: KVTransferCollector | None = None
+
+    def save_kv(self, prompts: int) -> None:
+        """``prompts`` KV saves, as one step of a vLLM prefill engine ships them."""
+        assert self.kv_saves is not None
+        seconds = [0.002 + 0.001 * (i % 7) for i in range(prompts)]
+        self.kv_saves.observe({"save_seconds": seconds, "save_bytes": [1 << 20] * prompts})
 
     def send(self, tenant: str, count: int, *, bad: bool) -> None:
         now_us = int(time.time() * 1e6)
@@ -117,7 +130,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     children: list[ChildProcess] = []
     webhook = ThreadingHTTPServer((HOST, 0), type("Hook", (_Webhook,), {"received": []}))
     threading.Thread(target=webhook.serve_forever, daemon=True).start()
-    exporter_server = None
+    exporter_server = kv_server = None
     try:
         url = schema_url(schema)
         upgrade(url)
@@ -170,7 +183,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         exporter = ControlPlaneExporter(cp_url, api_key=keys["ingest"], registry=registry)
         exporter_port = pick_port(HOST, 0)
         exporter_server, _ = start_http_server(exporter_port, addr=HOST, registry=registry)
-        targets = {"controlplane": f"{HOST}:{cp_port}", "exporter": f"{HOST}:{exporter_port}"}
+        kv_registry = CollectorRegistry()
+        kv_saves = KVTransferCollector("m")
+        kv_registry.register(kv_saves)
+        kv_port = pick_port(HOST, 0)
+        kv_server, _ = start_http_server(kv_port, addr=HOST, registry=kv_registry)
+        targets = {
+            "controlplane": f"{HOST}:{cp_port}",
+            "exporter": f"{HOST}:{exporter_port}",
+            "vllm-prefill-kv": f"{HOST}:{kv_port}",
+        }
         fleet = {"gateway": gateway_url, **workers}
         targets.update((job, url.removeprefix("http://")) for job, url in fleet.items())
         webhook_url = f"http://{HOST}:{webhook.server_address[1]}/"
@@ -180,13 +202,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             received: list[dict[str, Any]] = webhook.RequestHandlerClass.received  # type: ignore[attr-defined]
             yield Stack(
                 cp_url, monitoring.prometheus_url, viewer, exporter, received, gateway_url,
-                targets, response.text,
+                targets, response.text, kv_saves=kv_saves,
             )  # fmt: skip
         exporter.shutdown(timeout_s=2.0)
     finally:
         webhook.shutdown()
-        if exporter_server is not None:
-            exporter_server.shutdown()
+        for server in (exporter_server, kv_server):
+            if server is not None:
+                server.shutdown()
         for child in reversed(children):
             child.stop(timeout_s=15.0)
         drop_schema(schema)
@@ -247,9 +270,15 @@ def test_page_reaches_the_webhook_and_resolves(stack: Stack) -> None:
 VARIABLES = {"$__rate_interval": "1m", "$slo": "paging", "$model": ".*"}
 METRIC = re.compile(r"\b(?:goodput_[a-z0-9_]+|vllm:[a-z0-9_:]+|slo:[a-z0-9_:]+|sloth_slo_info)\b")
 SUFFIXES = ("_bucket", "_count", "_sum", "_total")
-# Counters of events this stack does not cause (no shedding, no retried upstream call): they
-# must still be exported (declared on a scraped /metrics), and may have no series here.
-EVENTS = {"goodput_gateway_admission_rejections_total", "goodput_gateway_retries_total"}
+# Counters of events this stack does not cause (no shedding, no retried upstream call), and
+# the gauges of a planner move's recorded effect (no move here: nothing to report): they must
+# still be exported (declared on a scraped /metrics), and may have no series here.
+EVENTS = {
+    "goodput_gateway_admission_rejections_total",
+    "goodput_gateway_retries_total",
+    "goodput_planner_move_predicted_goodput_rps",
+    "goodput_planner_move_observed_goodput_rps",
+}
 
 
 def _exported(stack: Stack) -> set[str]:
@@ -278,6 +307,7 @@ def test_every_panel_query_returns_series(stack: Stack) -> None:
         "an admission policy in force at the gateway",
         timeout_s=90,
     )
+    stack.save_kv(8)  # the prefill side's KV saves, before and after the traffic
     outcomes = open_loop(
         stack.gateway_url,
         rate_rps=4.0,
@@ -288,6 +318,7 @@ def test_every_panel_query_returns_series(stack: Stack) -> None:
         seed=0,
     )
     assert sum(o.status == 200 for o in outcomes) >= 10, outcomes[:3]
+    stack.save_kv(8)
     recorded = set(re.findall(r'"record": "([^"]+)"', stack.rules))
     exported = _exported(stack)
     time.sleep(3.0)  # two scrapes and evaluations after the traffic
