@@ -224,3 +224,56 @@ def test_bad_config_names_the_field() -> None:
         PlannerConfig(max_moves_per_tick=0)
     with pytest.raises(ValueError, match="ttft_s must be a finite number > 0"):
         SLOTargets(ttft_s=0.0, itl_s=0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rps=st.floats(0.2, 12.0),
+    prompt=st.floats(3_000.0, 16_000.0),
+    output=st.floats(10.0, 600.0),
+    burst=st.floats(1.0, 30.0),
+    spread=st.floats(0.0, 2.0),
+    num_prefill=st.integers(1, 7),
+    total=st.integers(2, 8),
+)
+def test_reaches_the_best_predicted_split_from_any_start_with_long_bursty_prompts(
+    rps: float,
+    prompt: float,
+    output: float,
+    burst: float,
+    spread: float,
+    num_prefill: int,
+    total: int,
+) -> None:
+    """Long prompts (a share over the TTFT objective on an idle instance: 16 k tokens take
+    0.5 s at 32 k tokens/s), bursty arrivals: applying each plan, the planner ends on a split
+    whose predicted goodput is within its hysteresis of the best of *every* split (a search
+    by predicted goodput, no local optimum), whatever the start."""
+    num_prefill = min(num_prefill, total - 1)
+    demand = Demand(rps, rps * prompt, rps * output, arrival_scv=burst, service_scv=spread)
+    counts = np.arange(1, total, dtype=np.float64)
+    everywhere = predict_splits(
+        counts,
+        total - counts,
+        demand=demand,
+        model=MODEL,
+        slo=SLO,
+        prefill_rate=MODEL.prefill_tokens_per_s,
+        context_per_stream=prompt + 0.5 * output,
+    )["goodput_rps"]
+    instances = fleet(num_prefill, total - num_prefill)
+    now = 1000.0
+    for _ in range(total + 1):
+        result = plan(snapshot(instances, demand, now_s=now), CONFIG)
+        moved = {m.instance_id: m.to_role for m in result.moves}
+        instances = [
+            dataclasses.replace(i, role=moved[i.id], last_role_change_s=now) if i.id in moved else i
+            for i in instances
+        ]
+        now += 61.0
+    assert not result.moves, "the planner did not settle"
+    final = sum(i.role is PoolRole.PREFILL for i in instances)
+    best = float(everywhere.max())
+    assert result.current.goodput_rps == pytest.approx(float(everywhere[final - 1]))
+    if best > 0:
+        assert result.current.goodput_rps * (1 + CONFIG.min_gain_ratio) >= best - 1e-9
