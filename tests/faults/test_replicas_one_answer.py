@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from exporters.recorder import RequestRecorder
 from exporters.records import Labels, RequestRecord, Status, Vantage
 from exporters.transport import ControlPlaneExporter
+from serving.workers.load import metric_sum
 from tests.faults.conftest import ControlPlane
 from tests.integration.controlplane.conftest import create_schema, drop_schema, schema_url
 
@@ -106,6 +107,11 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = 60.0) ->
         time.sleep(0.2)
 
 
+def leads(plane: ControlPlane) -> bool:
+    text = httpx.get(f"{plane.url}/metrics", timeout=5).text
+    return metric_sum(text, "goodput_leader") == 1
+
+
 @pytest.fixture
 def planes(tmp_path: Path) -> Iterator[tuple[list[ControlPlane], ControlPlane]]:
     fleet_schema, lone_schema = create_schema(), create_schema()
@@ -160,16 +166,28 @@ def test_three_replicas_answer_as_one_and_a_killed_one_loses_nothing(
 
         # kill -9 one replica mid-stream: what it acknowledged is counted by the others
         # now and by itself after its restart, once.
-        victim = replicas[1]
-        to_victim, to_lone = sources[1]
+        # The leader: it wrote the rollups and the log's checkpoint, so its restart reads
+        # the log from a checkpoint (the rows it covers add only their later records).
+        # Rollups are of complete minutes: wait for the minute to end, and a rollup cycle.
+        time.sleep(60 - time.time() % 60 + 3)
+        leader = next(i for i, p in enumerate(replicas) if leads(p))
+        victim = replicas[leader]
+        text = httpx.get(f"{victim.url}/metrics", timeout=5).text
+        assert metric_sum(text, "goodput_rollup_rows_total", outcome="written") > 0
+        followers = [p for p in replicas if p is not victim]
+        for plane in followers:  # one writer of rollups: the leader
+            text = httpx.get(f"{plane.url}/metrics", timeout=5).text
+            assert metric_sum(text, "goodput_rollup_rows_total", outcome="written") == 0
+        to_victim, to_lone = sources[leader]
         produce(Tee(to_victim, to_lone), 10, PER_SOURCE)
         assert to_victim.force_flush(60.0)
         victim.kill()
-        produce(Tee(sources[0][0], sources[0][1]), 11, PER_SOURCE)
-        for sink in (sources[0][0], sources[0][1], to_lone):
+        other = (leader + 1) % 3
+        produce(Tee(*sources[other]), 11, PER_SOURCE)
+        for sink in (*sources[other], to_lone):
             assert sink.force_flush(60.0)
         total += 2 * PER_SOURCE
-        survivors = [replicas[0], replicas[2]]
+        survivors = [p for p in replicas if p is not victim]
         eventually(lambda: all(p.requests_counted() == total for p in (*survivors, lone)),
                    "the survivors counting the killed replica's acknowledged records")  # fmt: skip
         victim.start()
