@@ -35,6 +35,7 @@ under the same admission; goal ≥ 0.9; ``long_prompt`` holds every ratio, the p
 alone's too)``, ...}``.
 
     python benchmarks/control_eval.py [--quick] [--out DIR] [--plots DIR]
+    python benchmarks/control_eval.py [--quick] --long-prompts-only
 
 ``--quick``: 4 instances, 60-s overload runs, 120 s for the shift and stability (2-6
 minutes on the shared 2-core machine at load 2-15); the full run: 8 instances, 120-s
@@ -71,6 +72,8 @@ from serving.sim.experiments.experiments import (  # noqa: E402
 )
 from serving.sim.experiments.infeasible import (  # noqa: E402
     LONG_PROMPT_TRACE,
+    LongPromptCell,
+    LongPromptSetup,
     long_prompt_contenders,
     long_prompt_json,
     long_prompt_table,
@@ -179,9 +182,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write results.json and tables.md here")
     parser.add_argument("--plots", type=Path, help="write the PNG plots here")
     parser.add_argument("--traces", nargs="+", choices=TRACES, default=list(TRACES))
+    parser.add_argument(
+        "--long-prompts-only",
+        action="store_true",
+        help="run only the long-prompt scenario (its table; last line: its figures)",
+    )
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     wall0 = time.perf_counter()
+    if args.long_prompts_only:
+        _long_prompts_only(size, wall0)
+        return
     contenders: list[Contender] = [*baseline_contenders(), *control_contenders()]
     log(f"contenders: {[c.name for c in contenders]}")
 
@@ -219,10 +230,7 @@ def main() -> None:
                 stable.append(stability(scenario, caps[trace], contender))
     log(f"stability done ({time.perf_counter() - t0:.0f} s)")
 
-    t0 = time.perf_counter()
-    long_scenario = Scenario(LONG_PROMPT_TRACE, size.instances, size.overload_s)
-    long_setup, long_cells = long_prompts(long_scenario, long_prompt_contenders())
-    log(f"long prompts done ({time.perf_counter() - t0:.0f} s)")
+    long_scenario, long_setup, long_cells = _long_prompts(size)
 
     tables = "\n\n".join(
         [
@@ -276,6 +284,28 @@ def main() -> None:
     headline["long_prompt_vs_best_static"] = long_json["ours_vs_best_static"]
     headline["instances"] = size.instances
     headline["wall_s"] = round(time.perf_counter() - wall0, 1)
+    print(json.dumps(headline))
+
+
+def _long_prompts(size: Size) -> tuple[Scenario, LongPromptSetup, list[LongPromptCell]]:
+    t0 = time.perf_counter()
+    scenario = Scenario(LONG_PROMPT_TRACE, size.instances, size.overload_s)
+    setup, cells = long_prompts(scenario, long_prompt_contenders())
+    log(f"long prompts done ({time.perf_counter() - t0:.0f} s)")
+    return scenario, setup, cells
+
+
+def _long_prompts_only(size: Size, wall0: float) -> None:
+    """``--long-prompts-only``: the long-prompt table, then one line of its figures."""
+    scenario, setup, cells = _long_prompts(size)
+    log(long_prompt_table(scenario, setup, cells))
+    figures = long_prompt_json(setup, cells)
+    headline = {
+        "long_prompt_vs_best_static": figures["ours_vs_best_static"],
+        "long_prompt": figures,
+        "instances": size.instances,
+        "wall_s": round(time.perf_counter() - wall0, 1),
+    }
     print(json.dumps(headline))
 
 
