@@ -11,7 +11,12 @@ from typer.testing import CliRunner
 
 import controlplane.allocator as allocator
 import controlplane.main
-from controlplane.allocator import M_MMAP_THRESHOLD, fix_mmap_threshold
+from controlplane.allocator import (
+    DEFAULT_TRIM_THRESHOLD,
+    M_MMAP_THRESHOLD,
+    M_TRIM_THRESHOLD,
+    fix_mmap_threshold,
+)
 from controlplane.settings import Settings
 from goodput.cli import app
 
@@ -37,10 +42,26 @@ def mallopt(monkeypatch: pytest.MonkeyPatch) -> Mallopt:
     return fake
 
 
+MMAP_AND_TRIM = [(M_MMAP_THRESHOLD, 131_072), (M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)]
+
+
 def test_sets_the_threshold_with_mallopt(mallopt: Mallopt) -> None:
     assert fix_mmap_threshold(131_072, {}) is True
+    # The trim threshold goes back to glibc's default, where the variable leaves it.
+    assert mallopt.calls == MMAP_AND_TRIM
+    assert (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD) == (-3, -1, 131_072)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "1048576"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"},
+    ],
+)
+def test_the_operators_trim_threshold_is_kept(mallopt: Mallopt, environ: dict[str, str]) -> None:
+    assert fix_mmap_threshold(131_072, environ) is True
     assert mallopt.calls == [(M_MMAP_THRESHOLD, 131_072)]
-    assert M_MMAP_THRESHOLD == -3
 
 
 @pytest.mark.parametrize(
@@ -58,7 +79,7 @@ def test_the_operators_threshold_is_kept(mallopt: Mallopt, environ: dict[str, st
 
 def test_other_tunables_do_not_count(mallopt: Mallopt) -> None:
     assert fix_mmap_threshold(131_072, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) is True
-    assert mallopt.calls == [(M_MMAP_THRESHOLD, 131_072)]
+    assert mallopt.calls == MMAP_AND_TRIM
 
 
 def test_zero_leaves_the_c_library_alone(mallopt: Mallopt) -> None:
@@ -67,8 +88,10 @@ def test_zero_leaves_the_c_library_alone(mallopt: Mallopt) -> None:
 
 
 def test_a_refused_value_is_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(allocator, "_mallopt", lambda: Mallopt(result=0))
+    refusing = Mallopt(result=0)
+    monkeypatch.setattr(allocator, "_mallopt", lambda: refusing)
     assert fix_mmap_threshold(131_072, {}) is False
+    assert refusing.calls == [(M_MMAP_THRESHOLD, 131_072)]  # the trim threshold untouched
 
 
 def test_without_mallopt_it_skips_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
