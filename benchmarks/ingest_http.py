@@ -268,7 +268,7 @@ def client_main(spec_path: str) -> None:
 
 
 def run_client(spec: dict[str, Any], folder: Path) -> dict[str, Any]:
-    path = folder / f"client-{spec['kind']}.json"
+    path = folder / f"client-{spec['kind']}{spec.get('name', '')}.json"
     path.write_text(json.dumps(spec))
     done = subprocess.run(
         [sys.executable, __file__, "--client", str(path)],

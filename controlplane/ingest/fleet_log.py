@@ -14,6 +14,12 @@ one transaction, and the request waits outside the lock for the commit that cove
 (:meth:`FleetLog.sync`). A failed commit fails the batches it carried (the exporters get
 503 and resend); the log stays usable: the next commit may succeed.
 
+**Own rows are not read back.** The writer keeps each committed row's decoded records in
+memory by row id (at most :data:`MAX_OWN_ROWS`); the reader asks the database only for
+the other replicas' entries and takes its own from memory, so the cross-replica path
+adds to a replica's own batches one insert and no second decode. A row missing there
+(after a restart, or evicted) is fetched whole.
+
 **Reading in one order.** A ``bigserial`` is not a safe cursor: ids are handed out when a
 transaction inserts, not when it commits, so a reader can see id 8 before id 7 commits.
 Each row carries its transaction's id (``pg_current_xact_id()``), and the reader takes only
@@ -29,15 +35,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import psycopg
 import sqlalchemy as sa
 
 from controlplane.db import sync_url
+from controlplane.ingest.replay import entry_batch
 from controlplane.ingest.wal import WalError, decode_entry
+from exporters.records import RecordBatch
 
 __all__ = ["FLEET_EPOCH", "FleetLog", "FleetRow"]
 
@@ -50,13 +59,17 @@ FLEET_EPOCH = "fleet"
 MAX_ROWS_PER_COMMIT = 512
 #: Transactions read at most per :meth:`FleetLog.read`.
 MAX_TRANSACTIONS_PER_READ = 64
+#: This replica's committed rows kept decoded until its reader reaches them.
+MAX_OWN_ROWS = 8192
 
-_INSERT = sa.text(
+_INSERT = (
     "INSERT INTO goodput_fleet_log (txid, origin, max_finish_minute, entry) "
-    "VALUES (pg_current_xact_id()::text::bigint, :origin, :max_finish_minute, :entry)"
+    "VALUES (pg_current_xact_id()::text::bigint, %(origin)s, %(max_finish_minute)s, "
+    "%(entry)s) RETURNING id"
 )
 _READ = sa.text(
-    "SELECT txid, entry FROM goodput_fleet_log "
+    "SELECT txid, id, CASE WHEN origin = :origin THEN NULL ELSE entry END "
+    "FROM goodput_fleet_log "
     "WHERE txid > :after AND txid <= ("
     "  SELECT max(t) FROM (SELECT DISTINCT txid AS t FROM goodput_fleet_log"
     "    WHERE txid > :after"
@@ -64,6 +77,7 @@ _READ = sa.text(
     "    ORDER BY t LIMIT :transactions) AS ready"
     ") ORDER BY txid, id"
 )
+_ENTRIES = sa.text("SELECT id, entry FROM goodput_fleet_log WHERE id = ANY(:ids)")
 _RELEASE = sa.text(
     "DELETE FROM goodput_fleet_log WHERE txid <= :through AND max_finish_minute < :minute"
 )
@@ -71,16 +85,24 @@ _RELEASE = sa.text(
 
 @dataclass(frozen=True, slots=True)
 class FleetRow:
-    """One row read back: its transaction id (the cursor) and the decoded entry."""
+    """One row read back: its transaction id (the cursor), the batch's ``(exporter_id,
+    seq)`` (``None`` for OTLP) and its records."""
 
     txid: int
-    entry: dict[str, Any]
+    key: tuple[str, int] | None
+    batch: RecordBatch
+
+    @classmethod
+    def of_entry(cls, txid: int, entry: dict[str, Any]) -> FleetRow:
+        key = (entry["x"], entry["s"]) if "x" in entry else None
+        return cls(txid, key, entry_batch(entry))
 
 
 class _Ticket:
-    __slots__ = ("done", "error")
+    __slots__ = ("batch", "done", "error", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, key: tuple[str, int] | None, batch: RecordBatch) -> None:
+        self.key, self.batch = key, batch
         self.done = False
         self.error: str | None = None
 
@@ -98,6 +120,12 @@ class FleetLog:
         if self._engine.dialect.name != "postgresql":
             self._engine.dispose()
             raise WalError("the fleet ingest log needs PostgreSQL (GOODPUT_FLEET_INGEST)")
+        self._conninfo = self._engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self._connection: psycopg.Connection[Any] | None = None
+        self._own: OrderedDict[int, tuple[tuple[str, int] | None, RecordBatch]] = OrderedDict()
+        self._own_lock = threading.Lock()
         self._cond = threading.Condition()
         self._queue: deque[tuple[_Ticket, dict[str, Any]]] = deque()
         self._closed = False
@@ -109,9 +137,10 @@ class FleetLog:
 
     # -- appending --------------------------------------------------------------------
 
-    def append(self, entry: dict[str, Any], max_finish_minute: int) -> _Ticket:
-        """Queue one entry for the next commit; :meth:`sync` waits for it."""
-        ticket = _Ticket()
+    def append(self, entry: dict[str, Any], max_finish_minute: int, batch: RecordBatch) -> _Ticket:
+        """Queue one entry (whose records are ``batch``) for the next commit; :meth:`sync`
+        waits for it."""
+        ticket = _Ticket((entry["x"], entry["s"]) if "x" in entry else None, batch)
         row = {
             "origin": self.origin,
             "max_finish_minute": int(max_finish_minute),
@@ -146,22 +175,43 @@ class FleetLog:
                     return
                 count = min(len(self._queue), MAX_ROWS_PER_COMMIT)
                 taken = [self._queue.popleft() for _ in range(count)]
-            error = self._commit([row for _, row in taken])
+            error = self._commit(taken)
             with self._cond:
                 for ticket, _ in taken:
                     ticket.done, ticket.error = True, error
                 self._cond.notify_all()
 
-    def _commit(self, rows: list[dict[str, Any]]) -> str | None:
+    def _commit(self, taken: list[tuple[_Ticket, dict[str, Any]]]) -> str | None:
+        ids: list[int] = []
         try:
-            with self._engine.begin() as connection:
-                connection.execute(_INSERT, rows)
+            connection = self._connection
+            if connection is None or connection.closed:
+                connection = self._connection = psycopg.connect(self._conninfo)
+            with connection.cursor() as cursor:
+                cursor.executemany(_INSERT, [row for _, row in taken], returning=True)
+                while True:
+                    ids.append(int(cursor.fetchone()[0]))  # type: ignore[index]
+                    if not cursor.nextset():
+                        break
+            # Kept before the commit: the reader may reach the rows as soon as it is done.
+            with self._own_lock:
+                for row_id, (ticket, _) in zip(ids, taken, strict=True):
+                    self._own[row_id] = (ticket.key, ticket.batch)
+                while len(self._own) > MAX_OWN_ROWS:
+                    self._own.popitem(last=False)
+            connection.commit()
         except Exception as exc:  # the database is away: these batches are not acknowledged
+            with self._own_lock:
+                for row_id in ids:
+                    self._own.pop(row_id, None)
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
             self.num_commit_failures += 1
-            logger.warning("fleet ingest log: a commit of %d batch(es) failed: %s", len(rows), exc)
+            logger.warning("fleet ingest log: a commit of %d batch(es) failed: %s", len(taken), exc)
             return f"the fleet ingest log could not commit ({type(exc).__name__}); retry later"
         self.num_commits += 1
-        self.num_rows_appended += len(rows)
+        self.num_rows_appended += len(taken)
         return None
 
     # -- reading ----------------------------------------------------------------------
@@ -170,10 +220,32 @@ class FleetLog:
         """The rows of up to :data:`MAX_TRANSACTIONS_PER_READ` whole transactions after
         ``after_txid`` that can no longer be joined by an earlier one, in order."""
         with self._engine.connect() as connection:
-            result = connection.execute(
-                _READ, {"after": after_txid, "transactions": MAX_TRANSACTIONS_PER_READ}
-            )
-            return [FleetRow(int(txid), decode_entry(bytes(entry))) for txid, entry in result]
+            found = connection.execute(
+                _READ,
+                {
+                    "after": after_txid,
+                    "transactions": MAX_TRANSACTIONS_PER_READ,
+                    "origin": self.origin,
+                },
+            ).all()
+            own: dict[int, tuple[tuple[str, int] | None, RecordBatch]] = {}
+            with self._own_lock:
+                for _, row_id, entry in found:
+                    if entry is None and row_id in self._own:
+                        own[row_id] = self._own.pop(row_id)
+            missing = [row_id for _, row_id, entry in found if entry is None and row_id not in own]
+            fetched: dict[int, bytes] = {}
+            if missing:  # own rows not in memory (a restart): read them whole
+                fetched = dict(connection.execute(_ENTRIES, {"ids": missing}).tuples().all())
+        rows = []
+        for txid, row_id, entry in found:
+            if row_id in own:
+                key, batch = own[row_id]
+                rows.append(FleetRow(int(txid), key, batch))
+            else:
+                payload = entry if entry is not None else fetched[row_id]
+                rows.append(FleetRow.of_entry(int(txid), decode_entry(bytes(payload))))
+        return rows
 
     def release(self, through_txid: int, covered_until_minute: int) -> int:
         """Delete the rows a checkpoint covers whole: up to ``through_txid`` and finishing
@@ -190,4 +262,6 @@ class FleetLog:
             self._closed = True
             self._cond.notify_all()
         self._writer.join(timeout=10.0)
+        if self._connection is not None:
+            self._connection.close()
         self._engine.dispose()

@@ -35,7 +35,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from controlplane.goodput import GoodputEngine
 from controlplane.ingest.dedup import Deduplicator, SeqVerdict
 from controlplane.ingest.fleet_log import FleetLog, FleetRow
-from controlplane.ingest.replay import VOID_ENTRY, Cut, entry_batch, log_entry
+from controlplane.ingest.replay import VOID_ENTRY, Cut, log_entry
 from controlplane.ingest.screen import RecordRejection, finish_seconds, screen
 from controlplane.ingest.wal import WalError, WriteAheadLog
 from exporters.records import RecordBatch
@@ -207,9 +207,7 @@ class Ingestor:
                 segment = self.wal.rotate() if self.wal is not None else -1
             return Cut(segment, self.dedup.snapshot(), self.engine.rollups(until_time))
 
-    def apply_rows(
-        self, rows: list[FleetRow], *, covered: tuple[int, int] | None = None
-    ) -> int:
+    def apply_rows(self, rows: list[FleetRow], *, covered: tuple[int, int] | None = None) -> int:
         """Count rows of the fleet log (every replica's batches, in the log's order) into
         the engine, once per ``(exporter_id, seq)``; returns the records applied.
         ``covered``: ``(txid, minute)`` of the checkpoint the stored rollups were loaded
@@ -218,14 +216,13 @@ class Ingestor:
         applied = 0
         with self._lock:
             for row in rows:
-                entry = row.entry
-                key = (entry["x"], entry["s"]) if "x" in entry else None
+                key = row.key
                 under = covered is not None and row.txid <= covered[0]
                 if key is not None and self._seen_before(key, under):
                     self.fleet_rows["duplicate"] += 1
                     self.fleet_cursor = row.txid
                     continue
-                batch = entry_batch(entry)
+                batch = row.batch
                 if covered is not None and under:
                     batch = batch.take(finish_seconds(batch) // 60 >= covered[1])
                 if len(batch):
@@ -355,7 +352,7 @@ class Ingestor:
             screened = screen(batch, now)
             if self.fleet is not None:  # logged for every replica's reader to count
                 position = self.fleet.append(
-                    log_entry(screened, header, body), screened.max_finish_minute
+                    log_entry(screened, header, body), screened.max_finish_minute, screened.batch
                 )
                 self._count(protocol, "applied", num_bytes)
                 self._counts.rejected_records[protocol] += len(screened.rejections)
