@@ -149,7 +149,7 @@ class LiveGoodput:
         self._collectors: list[Collector] = []
         if registry is not None:
             self._collectors = [
-                GoodputCollector(self.engine),
+                _LeaderOnly(GoodputCollector(self.engine), self),
                 IngestCollector(self.ingestor),
                 _RuntimeCollector(self),
             ]
@@ -560,6 +560,25 @@ _FAMILIES: tuple[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, 
      "Write-ahead log segments on disk (released once a checkpoint covers them).",
      "wal_segments"),
 )  # fmt: skip
+
+
+class _LeaderOnly:
+    """The engine's SLO series, from the leader alone when replicas share ingest: every
+    replica counts the whole fleet, so N replicas scraped would export N copies of each
+    series (N times the rates in a ``sum``, and the rules' ``group_left`` joins on
+    ``goodput_slo_info`` would match N series). Without the fleet log, every replica."""
+
+    def __init__(self, inner: Collector, live: LiveGoodput) -> None:
+        self._inner = inner
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        live = self._live
+        if live.settings.fleet_ingest:
+            leadership = live.leadership
+            if leadership is None or not leadership.is_leader():
+                return iter(())
+        return iter(self._inner.collect())
 
 
 class _RuntimeCollector:
