@@ -130,10 +130,22 @@ def test_base_has_the_control_plane_shape() -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("target", OVERLAYS)
-def test_one_control_plane_until_it_scales_out(target: str) -> None:
-    """controlplane/runtime/live.py: one replica owns the engine (docs/deploy.md)."""
-    objects = render(target)
+def test_production_scales_the_control_plane_out_on_the_fleet_log() -> None:
+    """Several replicas answer as one through the fleet log (docs/scale-out.md)."""
+    objects = render("overlays/production")
+    assert "goodput-controlplane" in by_kind(objects, "HorizontalPodAutoscaler")
+    assert "goodput-controlplane" in by_kind(objects, "PodDisruptionBudget")
+    assert "replicas" not in by_kind(objects, "Deployment")["goodput-controlplane"]["spec"]
+    config = next(
+        o for o in by_kind(objects, "ConfigMap").values()
+        if o["metadata"]["name"].startswith("goodput-controlplane")
+    )  # fmt: skip
+    assert config["data"]["GOODPUT_FLEET_INGEST"] == "true"
+
+
+@needs_kubectl
+def test_dev_runs_one_control_plane() -> None:
+    objects = render("overlays/dev")
     deployment = by_kind(objects, "Deployment")["goodput-controlplane"]
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
