@@ -86,8 +86,9 @@ class FleetLogEntry(Base):
     __tablename__ = "goodput_fleet_log"
     __table_args__ = (sa.Index("ix_goodput_fleet_log_txid", "txid"),)
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"),
-                                    primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     txid: Mapped[int] = mapped_column(sa.BigInteger)
     origin: Mapped[str] = mapped_column(sa.String(255))
     max_finish_minute: Mapped[int] = mapped_column(sa.BigInteger)

@@ -470,9 +470,7 @@ class LiveGoodput:
         if fleet is not None:
             self._fleet_covered = (cut.segment, covered_until_minute)
             try:
-                released = await asyncio.to_thread(
-                    fleet.release, cut.segment, covered_until_minute
-                )
+                released = await asyncio.to_thread(fleet.release, cut.segment, covered_until_minute)
             except Exception as exc:  # the next checkpoint deletes them
                 logger.warning("releasing fleet log rows failed (%s)", describe_error(exc))
             else:
