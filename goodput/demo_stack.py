@@ -299,7 +299,7 @@ def _scenario(options: StackOptions, slo_name: str, cp_url: str, *, keys: _Keys,
         slo=slo_name, model=options.served_model, overload=options.overload,
         prompt_tokens=SIM_PROMPT_TOKENS if options.engine == "sim" else VLLM_PROMPT_TOKENS,
         open_s=total / 3, control_s=total * 2 / 3, interval_s=options.interval_s,
-        window=options.window,
+        window=options.window, fit_slo=options.slo_file == DEFAULT_SLO_FILE,
     )  # fmt: skip
     stack = ScenarioStack(
         cp_url=cp_url, viewer_key=keys.viewer, operator_key=keys.operator,
