@@ -42,7 +42,7 @@ from controlplane.ingest import (
     parse_export_request,
 )
 from controlplane.ingest.otlp_codec import CONTENT_TYPE_PROTOBUF
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.runtime.live import LiveGoodput
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
@@ -128,7 +128,7 @@ class _Receiver:
                 grpc.StatusCode.UNAUTHENTICATED, "invalid API key: unknown or revoked"
             )
         assert key is not None
-        if not grants(key.role, Role.INGEST):
+        if not grants(key.role, KeyRole.INGEST):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"TraceService/Export needs role 'ingest' (allowed: admin, ingest); key "

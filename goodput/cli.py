@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane import openslo
 from controlplane.db import create_engine_for, session_factory, utcnow
 from controlplane.errors import GoodputError, InvalidInputError
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.services import keys as key_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
@@ -166,7 +166,7 @@ def db_upgrade(
 @admin_app.command("create-key")
 def create_key(
     ctx: typer.Context,
-    role: Annotated[Role, typer.Option(help="what the key may do", case_sensitive=False)],
+    role: Annotated[KeyRole, typer.Option(help="what the key may do", case_sensitive=False)],
     name: Annotated[str, typer.Option(help="a label shown in key lists")] = "",
     tenant: Annotated[str | None, typer.Option(help="scope the key to one tenant")] = None,
 ) -> None:

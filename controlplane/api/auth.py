@@ -39,7 +39,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from controlplane.api.sessions import OpenSession, console_session, refuse
 from controlplane.db import utcnow
 from controlplane.errors import UnauthenticatedError
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.services import keys as key_service
 from controlplane.services.keys import AuthenticatedKey
 from controlplane.settings import Settings
@@ -61,18 +61,18 @@ __all__ = [
 OpenSetting = Literal["open_health", "open_metrics"]
 
 # Which held roles satisfy a needed role (admin satisfies everything).
-_SATISFIED_BY: dict[Role, frozenset[Role]] = {
-    Role.VIEWER: frozenset({Role.VIEWER, Role.OPERATOR, Role.ADMIN}),
-    Role.OPERATOR: frozenset({Role.OPERATOR, Role.ADMIN}),
-    Role.ADMIN: frozenset({Role.ADMIN}),
-    Role.INGEST: frozenset({Role.INGEST, Role.ADMIN}),
-    Role.AGENT: frozenset({Role.AGENT, Role.ADMIN}),
+_SATISFIED_BY: dict[KeyRole, frozenset[KeyRole]] = {
+    KeyRole.VIEWER: frozenset({KeyRole.VIEWER, KeyRole.OPERATOR, KeyRole.ADMIN}),
+    KeyRole.OPERATOR: frozenset({KeyRole.OPERATOR, KeyRole.ADMIN}),
+    KeyRole.ADMIN: frozenset({KeyRole.ADMIN}),
+    KeyRole.INGEST: frozenset({KeyRole.INGEST, KeyRole.ADMIN}),
+    KeyRole.AGENT: frozenset({KeyRole.AGENT, KeyRole.ADMIN}),
 }
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer gp_...`")
 
 
-def grants(held: Role, needed: Role) -> bool:
+def grants(held: KeyRole, needed: KeyRole) -> bool:
     """Whether a key with role ``held`` may call a route that needs ``needed``."""
     return held in _SATISFIED_BY[needed]
 
@@ -87,7 +87,7 @@ class Principal:
 
     key_id: uuid.UUID | None
     name: str
-    role: Role | None
+    role: KeyRole | None
     tenant: str | None = None
 
     @property
@@ -96,7 +96,7 @@ class Principal:
 
 
 ANONYMOUS = Principal(key_id=None, name="anonymous", role=None)
-CLI = Principal(key_id=None, name="cli", role=Role.ADMIN)
+CLI = Principal(key_id=None, name="cli", role=KeyRole.ADMIN)
 
 
 class RoleRequirement:
@@ -106,7 +106,7 @@ class RoleRequirement:
     setting is true, and needs ``role`` otherwise.
     """
 
-    def __init__(self, role: Role, open_setting: OpenSetting | None = None) -> None:
+    def __init__(self, role: KeyRole, open_setting: OpenSetting | None = None) -> None:
         self.role = role
         self.open_setting = open_setting
 
@@ -164,7 +164,7 @@ async def bearer_credentials(request: Request) -> HTTPAuthorizationCredentials |
     return await _bearer(request)
 
 
-def require(role: Role, *, open_setting: OpenSetting | None = None) -> RoleRequirement:
+def require(role: KeyRole, *, open_setting: OpenSetting | None = None) -> RoleRequirement:
     """The dependency for a route that needs ``role`` (see :class:`RoleRequirement`)."""
     return RoleRequirement(role, open_setting)
 
@@ -206,5 +206,5 @@ def assert_routes_guarded(app: FastAPI) -> None:
     if unguarded:
         raise RuntimeError(
             f"routes without a role requirement: {', '.join(unguarded)}; "
-            "add a dependency on controlplane.api.auth.require(Role...)"
+            "add a dependency on controlplane.api.auth.require(KeyRole...)"
         )

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane.api.auth import Principal, require
 from controlplane.errors import ForbiddenError, InvalidInputError, UnavailableError
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.runtime.live import LiveGoodput
 from controlplane.runtime.planner import PlannerRuntime
 from controlplane.runtime.summary import SharedSummary
@@ -176,7 +176,7 @@ PlannerDep = Annotated[PlannerRuntime | None, Depends(get_planner)]
 SummaryDep = Annotated[SharedSummary, Depends(get_summary)]
 
 
-def _cluster_wide(role: Role) -> Callable[[Principal], Awaitable[Principal]]:
+def _cluster_wide(role: KeyRole) -> Callable[[Principal], Awaitable[Principal]]:
     """``require(role)``, for a key acting on every tenant: fleet members, commands and
     automation belong to the cluster, not to a tenant, so a tenant-scoped key gets 403."""
 
@@ -200,10 +200,10 @@ def _cluster_wide(role: Role) -> Callable[[Principal], Awaitable[Principal]]:
     return cluster_wide
 
 
-Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
-Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
-Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
-Ingest = Annotated[Principal, Depends(require(Role.INGEST))]
-Agent = Annotated[Principal, Depends(require(Role.AGENT))]
-ClusterViewer = Annotated[Principal, Depends(_cluster_wide(Role.VIEWER))]
-ClusterOperator = Annotated[Principal, Depends(_cluster_wide(Role.OPERATOR))]
+Viewer = Annotated[Principal, Depends(require(KeyRole.VIEWER))]
+Operator = Annotated[Principal, Depends(require(KeyRole.OPERATOR))]
+Admin = Annotated[Principal, Depends(require(KeyRole.ADMIN))]
+Ingest = Annotated[Principal, Depends(require(KeyRole.INGEST))]
+Agent = Annotated[Principal, Depends(require(KeyRole.AGENT))]
+ClusterViewer = Annotated[Principal, Depends(_cluster_wide(KeyRole.VIEWER))]
+ClusterOperator = Annotated[Principal, Depends(_cluster_wide(KeyRole.OPERATOR))]

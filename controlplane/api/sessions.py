@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db import utcnow
 from controlplane.errors import ForbiddenError, UnauthenticatedError
-from controlplane.models import APIKey, ConsoleSession, Role
+from controlplane.models import APIKey, ConsoleSession, KeyRole
 from controlplane.services import audit
 from controlplane.services.keys import AuthenticatedKey
 
@@ -72,7 +72,7 @@ class OpenSession:
 
     id: uuid.UUID  # the key's
     name: str  # the key's
-    role: Role
+    role: KeyRole
     tenant: str | None
     csrf_token: str
     expires_at: datetime

@@ -32,7 +32,7 @@ from controlplane.api.sessions import (
     sign_out,
 )
 from controlplane.db import utcnow
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.services import keys as key_service
 
 __all__ = ["CONSOLE_PREFIX", "STATIC_DIR", "mount_console"]
@@ -43,7 +43,7 @@ CONSOLE_PREFIX = "/console"
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 _MAX_FORM_BYTES = 4096
-_CONSOLE_ROLES = (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
+_CONSOLE_ROLES = (KeyRole.VIEWER, KeyRole.OPERATOR, KeyRole.ADMIN)
 templates = Jinja2Templates(directory=HERE / "templates")
 
 
@@ -64,8 +64,8 @@ def _render(
         template,
         {
             "me": opened,
-            "can_operate": grants(opened.role, Role.OPERATOR),
-            "is_admin": opened.role is Role.ADMIN,
+            "can_operate": grants(opened.role, KeyRole.OPERATOR),
+            "is_admin": opened.role is KeyRole.ADMIN,
             **context,
         },
         status_code=status_code,
@@ -77,7 +77,7 @@ def _to_sign_in(request: Request) -> Response:
     return RedirectResponse(f"{CONSOLE_PREFIX}/sign-in?next={quote(target)}", status_code=303)
 
 
-def page(path: str, template: str, title: str, needs: Role = Role.VIEWER) -> Route:
+def page(path: str, template: str, title: str, needs: KeyRole = KeyRole.VIEWER) -> Route:
     """A page route: signed-in sessions whose role grants ``needs`` see ``template``;
     others are sent to sign in, or get a 403 page naming the role needed."""
 
@@ -196,13 +196,13 @@ def _routes() -> list[Route | Mount]:
         Route("/sign-in", sign_in_submit, methods=["POST"]),
         Route("/sign-out", sign_out_submit, methods=["POST"]),
         page("/", "overview.html", "Overview"),
-        page("/slos/new", "editor.html", "New SLO", Role.OPERATOR),
+        page("/slos/new", "editor.html", "New SLO", KeyRole.OPERATOR),
         page("/slos/{ref}", "slo.html", "SLO"),
-        page("/slos/{ref}/edit", "editor.html", "Edit SLO", Role.OPERATOR),
+        page("/slos/{ref}/edit", "editor.html", "Edit SLO", KeyRole.OPERATOR),
         page("/fleet", "fleet.html", "Fleet"),
         page("/control", "control.html", "Control"),
-        page("/audit", "audit.html", "Audit log", Role.ADMIN),
-        page("/keys", "keys.html", "API keys", Role.ADMIN),
+        page("/audit", "audit.html", "Audit log", KeyRole.ADMIN),
+        page("/keys", "keys.html", "API keys", KeyRole.ADMIN),
         Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
     ]
 

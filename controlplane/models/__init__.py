@@ -15,9 +15,9 @@ from controlplane.models.enums import (
     CommandState,
     FleetKind,
     FleetState,
+    KeyRole,
     MoveState,
     PoolRole,
-    Role,
     SLOVantage,
 )
 from controlplane.models.fleet import Command, FleetMember
@@ -41,10 +41,10 @@ __all__ = [
     "FleetMember",
     "FleetState",
     "GoodputRollup",
+    "KeyRole",
     "LeaderLease",
     "MoveState",
     "PoolRole",
-    "Role",
     "RoleMove",
     "RolePin",
     "SLOVantage",

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
 from controlplane.db import Base, UTCDateTime, UUIDString, utcnow
-from controlplane.models.enums import Role, enum_type
+from controlplane.models.enums import KeyRole, enum_type
 
 __all__ = ["APIKey"]
 
@@ -26,7 +26,7 @@ class APIKey(Base):
     name: Mapped[str] = mapped_column(sa.String(200))
     prefix: Mapped[str] = mapped_column(sa.String(16), index=True)
     hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
-    role: Mapped[Role] = mapped_column(enum_type(Role, "role"))
+    role: Mapped[KeyRole] = mapped_column(enum_type(KeyRole, "role"))
     tenant: Mapped[str | None] = mapped_column(sa.String(200), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)

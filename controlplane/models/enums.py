@@ -17,15 +17,15 @@ __all__ = [
     "CommandState",
     "FleetKind",
     "FleetState",
+    "KeyRole",
     "MoveState",
     "PoolRole",
-    "Role",
     "SLOVantage",
     "enum_type",
 ]
 
 
-class Role(StrEnum):
+class KeyRole(StrEnum):
     """What an API key may do (see ``controlplane.api.auth`` for who satisfies what)."""
 
     VIEWER = "viewer"

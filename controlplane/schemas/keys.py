@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from controlplane.models.enums import Role
+from controlplane.models.enums import KeyRole
 from controlplane.schemas.common import Label, Name, WireModel
 
 __all__ = ["APIKeyCreate", "APIKeyCreated", "APIKeyPublic", "APIKeysPublic"]
@@ -20,7 +20,7 @@ class APIKeyCreate(WireModel):
     model_config = ConfigDict(
         json_schema_extra={
             "if": {
-                "properties": {"role": {"enum": [Role.ADMIN.value, Role.AGENT.value]}},
+                "properties": {"role": {"enum": [KeyRole.ADMIN.value, KeyRole.AGENT.value]}},
                 "required": ["role"],
             },
             "then": {"properties": {"tenant": {"type": "null"}}},
@@ -28,7 +28,7 @@ class APIKeyCreate(WireModel):
     )
 
     name: Name
-    role: Role
+    role: KeyRole
     tenant: Label | None = None
 
 
@@ -38,7 +38,7 @@ class APIKeyPublic(BaseModel):
     id: uuid.UUID
     name: str
     prefix: str
-    role: Role
+    role: KeyRole
     tenant: str | None
     created_at: datetime
     last_used_at: datetime | None

@@ -19,7 +19,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.errors import ForbiddenError
-from controlplane.models import FleetMember, Role
+from controlplane.models import FleetMember, KeyRole
 from controlplane.models.agent_binding import AgentBinding
 
 __all__ = ["act_for"]
@@ -30,12 +30,12 @@ async def act_for(
     member_id: str,
     *,
     key_id: uuid.UUID | None,
-    role: Role | None,
+    role: KeyRole | None,
     now: datetime,
 ) -> None:
     """Raise :class:`ForbiddenError` unless the key may act for ``member_id`` (binding it
     on first use). Call it once the member exists (after its registration's flush)."""
-    if role is not Role.AGENT or key_id is None:
+    if role is not KeyRole.AGENT or key_id is None:
         return  # admin (or the CLI): acts for any member, binds nothing
     binding = await session.get(AgentBinding, member_id)
     if binding is None and await session.get(FleetMember, member_id) is None:

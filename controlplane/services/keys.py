@@ -38,7 +38,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.errors import InvalidInputError, NotFoundError
-from controlplane.models import APIKey, Role
+from controlplane.models import APIKey, KeyRole
 from controlplane.services import audit
 
 __all__ = [
@@ -67,7 +67,7 @@ KEY_PREFIX = "gp_"
 PREFIX_LENGTH = 11  # "gp_" + 8 random characters: 48 bits, enough to find the row
 _KEY_LENGTH = len(KEY_PREFIX) + 43  # token_urlsafe(32) is 43 characters
 # Roles whose keys may be scoped to one tenant; admin and agent keys act fleet-wide.
-TENANT_ROLES = frozenset({Role.VIEWER, Role.OPERATOR, Role.INGEST})
+TENANT_ROLES = frozenset({KeyRole.VIEWER, KeyRole.OPERATOR, KeyRole.INGEST})
 #: How long an authenticated key is trusted without asking the database again: the longest
 #: a key revoked by another process keeps working here.
 KEY_CACHE_TTL_S = 5.0
@@ -103,7 +103,7 @@ async def create_key(
     session: AsyncSession,
     *,
     name: str,
-    role: Role,
+    role: KeyRole,
     tenant: str | None,
     actor: str,
     now: datetime,
@@ -147,7 +147,7 @@ class AuthenticatedKey:
 
     id: uuid.UUID
     name: str
-    role: Role
+    role: KeyRole
     tenant: str | None
     prefix: str
     hash: str
@@ -394,7 +394,7 @@ async def list_keys(
     session: AsyncSession,
     *,
     include_revoked: bool,
-    role: Role | None,
+    role: KeyRole | None,
     limit: int,
     offset: int,
 ) -> tuple[list[APIKey], int]:

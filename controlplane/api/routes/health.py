@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from controlplane.api.auth import Principal, require
 from controlplane.api.deps import DatabaseDep, LiveRuntimeDep, SettingsDep
 from controlplane.errors import UnavailableError, describe_error
-from controlplane.models import SCHEMA_REVISION, Role
+from controlplane.models import SCHEMA_REVISION, KeyRole
 from controlplane.schemas.common import ErrorPublic, responses
 from controlplane.schemas.health import HealthPublic, ReadyPublic
 
@@ -34,7 +34,7 @@ def _kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-HealthGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="open_health"))]
+HealthGuard = Annotated[Principal, Depends(require(KeyRole.VIEWER, open_setting="open_health"))]
 
 
 @router.get("/health", responses=responses(401, 403))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 from controlplane.api.deps import Admin, SessionDep
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.db import utcnow
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.schemas.common import responses
 from controlplane.schemas.keys import APIKeyCreate, APIKeyCreated, APIKeyPublic, APIKeysPublic
 from controlplane.services import keys as service
@@ -39,7 +39,7 @@ async def list_keys(
     _: Admin,
     session: SessionDep,
     include_revoked: Annotated[bool, Query(description="also list revoked keys")] = False,
-    role: Role | None = None,
+    role: KeyRole | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> APIKeysPublic:

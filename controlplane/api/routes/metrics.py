@@ -18,13 +18,13 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.auth import Principal, require
 from controlplane.api.deps import RegistryDep
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.schemas.common import responses
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["metrics"])
-MetricsGuard = Annotated[Principal, Depends(require(Role.VIEWER, open_setting="open_metrics"))]
+MetricsGuard = Annotated[Principal, Depends(require(KeyRole.VIEWER, open_setting="open_metrics"))]
 
 
 @router.get(

@@ -309,7 +309,7 @@ def tiny_model() -> Path:
 
 def mint_keys(database_url: str) -> dict[str, str]:
     from controlplane.db import create_engine_for, session_factory, utcnow
-    from controlplane.models import Role as KeyRole
+    from controlplane.models import KeyRole
     from controlplane.services import keys as key_service
 
     async def mint() -> dict[str, str]:

@@ -31,7 +31,7 @@ from fastapi import FastAPI
 
 from controlplane.db import utcnow
 from controlplane.main import create_app
-from controlplane.models import Base, Role
+from controlplane.models import Base, KeyRole
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from migrations import upgrade
@@ -119,8 +119,8 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 def make_key(app: FastAPI) -> MakeKey:
-    async def make(role: Role | str, tenant: str | None = None, name: str = "") -> str:
-        role = Role(role)
+    async def make(role: KeyRole | str, tenant: str | None = None, name: str = "") -> str:
+        role = KeyRole(role)
         async with app.state.sessions() as session, session.begin():
             _, secret = await key_service.create_key(
                 session,
@@ -141,14 +141,14 @@ def bearer(key: str) -> dict[str, str]:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def admin_headers(make_key: MakeKey) -> dict[str, str]:
-    return bearer(await make_key(Role.ADMIN, name="test-admin"))
+    return bearer(await make_key(KeyRole.ADMIN, name="test-admin"))
 
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def operator_headers(make_key: MakeKey) -> dict[str, str]:
-    return bearer(await make_key(Role.OPERATOR, name="test-operator"))
+    return bearer(await make_key(KeyRole.OPERATOR, name="test-operator"))
 
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def viewer_headers(make_key: MakeKey) -> dict[str, str]:
-    return bearer(await make_key(Role.VIEWER, name="test-viewer"))
+    return bearer(await make_key(KeyRole.VIEWER, name="test-viewer"))

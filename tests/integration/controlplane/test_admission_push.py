@@ -16,7 +16,7 @@ import uvicorn
 
 from controlplane.db import utcnow
 from controlplane.main import create_app
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from exporters.admission import AdmissionPolicy
@@ -73,7 +73,7 @@ async def test_policy_pushed_applied_acked_and_sheddable_requests_get_429(
     async with serving(cp_app) as cp_url:
         keys: dict[str, str] = {}
         async with cp_app.state.sessions() as session, session.begin():
-            for role in (Role.ADMIN, Role.AGENT, Role.VIEWER, Role.INGEST):
+            for role in (KeyRole.ADMIN, KeyRole.AGENT, KeyRole.VIEWER, KeyRole.INGEST):
                 _, keys[role.value] = await key_service.create_key(
                     session, name=f"adm-{role.value}", role=role, tenant=None, actor="cli",
                     now=utcnow(),
@@ -195,7 +195,7 @@ async def check_push_and_shedding(
 async def test_operators_issue_full_policies_and_bad_fields_are_named(
     client: httpx.AsyncClient, make_key: MakeKey, operator_headers: dict[str, str]
 ) -> None:
-    agent = bearer(await make_key(Role.AGENT, name="adm-agent"))
+    agent = bearer(await make_key(KeyRole.AGENT, name="adm-agent"))
     member = {"id": GATEWAY_ID, "kind": "gateway", "endpoint": "http://127.0.0.1:9"}
     registered = await client.post("/api/v1/fleet/register", json=member, headers=agent)
     assert registered.status_code == 200, registered.text

@@ -14,18 +14,18 @@ from fastapi.routing import APIRoute
 
 from controlplane.api.auth import route_requirements
 from controlplane.main import create_app
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 # The policy, written out independently of the implementation: who satisfies which role.
-SATISFIES: dict[Role, set[Role]] = {
-    Role.VIEWER: {Role.VIEWER},
-    Role.OPERATOR: {Role.OPERATOR, Role.VIEWER},
-    Role.ADMIN: set(Role),
-    Role.INGEST: {Role.INGEST},
-    Role.AGENT: {Role.AGENT},
+SATISFIES: dict[KeyRole, set[KeyRole]] = {
+    KeyRole.VIEWER: {KeyRole.VIEWER},
+    KeyRole.OPERATOR: {KeyRole.OPERATOR, KeyRole.VIEWER},
+    KeyRole.ADMIN: set(KeyRole),
+    KeyRole.INGEST: {KeyRole.INGEST},
+    KeyRole.AGENT: {KeyRole.AGENT},
 }
 PLACEHOLDER = "00000000-0000-0000-0000-000000000000"  # valid for every path parameter type
 
@@ -107,7 +107,7 @@ async def status_of(
 
 
 async def test_every_route_against_every_role(app: FastAPI, make_key: Any) -> None:
-    keys = {role: await make_key(role) for role in Role}
+    keys = {role: await make_key(role) for role in KeyRole}
     checked = 0
     for method, path, route in endpoints(app):
         (requirement,) = route_requirements(route)
@@ -131,7 +131,7 @@ async def test_every_route_against_every_role(app: FastAPI, make_key: Any) -> No
                 assert f"this route needs role {requirement.role.value!r}" in detail, where
                 assert f"has role {role.value!r}" in detail, where
             checked += 1
-    assert checked >= 16 * len(Role)
+    assert checked >= 16 * len(KeyRole)
 
 
 async def test_forbidden_message_names_needed_and_held_roles(
@@ -191,8 +191,8 @@ async def test_health_is_open_unless_configured(
             for path in ("/health", "/ready"):
                 response = await client.get(path)
                 assert response.status_code == (200 if open_health else 401), path
-            viewer = {"Authorization": f"Bearer {await make_key(Role.VIEWER)}"}
+            viewer = {"Authorization": f"Bearer {await make_key(KeyRole.VIEWER)}"}
             assert (await client.get("/health", headers=viewer)).status_code == 200
-            ingest = {"Authorization": f"Bearer {await make_key(Role.INGEST)}"}
+            ingest = {"Authorization": f"Bearer {await make_key(KeyRole.INGEST)}"}
             expected = 200 if open_health else 403
             assert (await client.get("/health", headers=ingest)).status_code == expected

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from controlplane.models import Command, Role
+from controlplane.models import Command, KeyRole
 
 from .conftest import MakeKey, bearer
 
@@ -23,7 +23,7 @@ MEMBER = "10.0.0.7:8100"
 
 @pytest.fixture
 async def registered(client: httpx.AsyncClient, make_key: MakeKey) -> None:
-    headers = bearer(await make_key(Role.AGENT))
+    headers = bearer(await make_key(KeyRole.AGENT))
     body = {
         "id": MEMBER,
         "kind": "worker",

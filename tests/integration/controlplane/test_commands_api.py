@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from controlplane.db import utcnow
-from controlplane.models import Command, CommandState, Role
+from controlplane.models import Command, CommandState, KeyRole
 from exporters.commands import CommandAck, CommandKind, command_from_json
 from serving.workers.agent import Agent, AgentReport, AgentSettings
 
@@ -38,7 +38,7 @@ async def register(client: httpx.AsyncClient, headers: dict[str, str], member: s
 
 @pytest.fixture
 async def agent_headers(client: httpx.AsyncClient, make_key: MakeKey) -> dict[str, str]:
-    headers = bearer(await make_key(Role.AGENT, name="test-agent"))
+    headers = bearer(await make_key(KeyRole.AGENT, name="test-agent"))
     await register(client, headers, MEMBER)
     await register(client, headers, OTHER)
     return headers
@@ -278,7 +278,7 @@ async def test_issue_and_ack_are_audited(
 async def test_real_agent_over_loopback(
     app: FastAPI, client: httpx.AsyncClient, operator_headers: dict[str, str], make_key: MakeKey
 ) -> None:
-    key = await make_key(Role.AGENT, name="loopback-agent")
+    key = await make_key(KeyRole.AGENT, name="loopback-agent")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

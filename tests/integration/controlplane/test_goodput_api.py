@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from exporters._reference import reference_quantile_lower
 from exporters.latency import itl_gaps_s, request_latencies
 from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
@@ -226,7 +226,7 @@ async def test_dry_run_applies_candidate_thresholds_to_stored_requests(
     records = replay(200, seed=3)
     await ingest(client, admin_headers, records)
     strict = [{"metric": "ttft", "threshold_s": 0.1}]
-    viewer = bearer(await make_key(Role.VIEWER))
+    viewer = bearer(await make_key(KeyRole.VIEWER))
     body = {
         "slo": {
             "name": "candidate",
@@ -307,7 +307,7 @@ async def test_tenant_scoped_viewers_see_their_slos_only(
 ) -> None:
     await create_slo(app, client, admin_headers, name="acme", selector={"tenant": "acme"})
     await create_slo(app, client, admin_headers, name="globex", selector={"tenant": "globex"})
-    acme = bearer(await make_key(Role.VIEWER, tenant="acme", name="acme-viewer"))
+    acme = bearer(await make_key(KeyRole.VIEWER, tenant="acme", name="acme-viewer"))
     listing = (await client.get("/api/v1/goodput?window=1m", headers=acme)).json()
     assert [s["slo_name"] for s in listing["data"]] == ["acme"]
     response = await client.get(f"{SLOS}/globex/goodput?window=1m", headers=acme)
@@ -326,7 +326,7 @@ async def test_tenant_scoped_viewers_see_their_slos_only(
         "detail": "this key is scoped to tenant 'acme': slo.selector.tenant must be 'acme', "
         "got 'globex'"
     }
-    ingest_only = bearer(await make_key(Role.INGEST, name="ingest-only"))
+    ingest_only = bearer(await make_key(KeyRole.INGEST, name="ingest-only"))
     response = await client.get("/api/v1/goodput?window=1m", headers=ingest_only)
     assert response.status_code == 403
 
@@ -336,7 +336,7 @@ async def test_metrics_need_a_viewer_key_when_not_open(
 ) -> None:
     app.state.settings = settings.model_copy(update={"open_metrics": False})
     assert (await client.get("/metrics")).status_code == 401
-    viewer = bearer(await make_key(Role.VIEWER))
+    viewer = bearer(await make_key(KeyRole.VIEWER))
     response = await client.get("/metrics", headers=viewer)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage
 from exporters.wire import CONTENT_TYPE_BINARY, encode_batch
 from tests.integration.controlplane.test_ingest_transport import (
@@ -68,7 +68,7 @@ async def test_the_stream_sends_every_slo_each_interval(
     serve: ServerFactory, database_url: str
 ) -> None:
     server = serve(goodput_stream_interval_s=0.2)
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin, timeout=10) as http:
         assert (await http.post("/api/v1/slos", json=SLO)).status_code == 201
         await http.get("/api/v1/slos/chat/goodput?window=1m")
@@ -101,7 +101,7 @@ async def test_the_stream_sends_every_slo_each_interval(
 
 async def test_the_stream_needs_a_viewer_key(serve: ServerFactory, database_url: str) -> None:
     server = serve()
-    ingest_key = await new_key(database_url, Role.INGEST)
+    ingest_key = await new_key(database_url, KeyRole.INGEST)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
         assert (await http.get(STREAM)).status_code == 401
         headers = {"Authorization": f"Bearer {ingest_key}"}
@@ -109,7 +109,7 @@ async def test_the_stream_needs_a_viewer_key(serve: ServerFactory, database_url:
 
 
 async def test_sigterm_ends_open_streams_and_the_server_exits(database_url: str) -> None:
-    key = await new_key(database_url, Role.VIEWER)
+    key = await new_key(database_url, KeyRole.VIEWER)
     env = {
         **os.environ,
         "GOODPUT_DATABASE_URL": database_url,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage
 from exporters.wire import CONTENT_TYPE_BINARY, batch_to_json, encode_batch
 from tests.integration.controlplane.conftest import MakeKey, bearer
@@ -69,7 +69,7 @@ async def requests_counted(app: FastAPI, client: httpx.AsyncClient, headers: dic
 
 @pytest.fixture
 async def ingest_headers(make_key: MakeKey) -> dict[str, str]:
-    return {**bearer(await make_key(Role.INGEST, name="test-ingest")), **BINARY}
+    return {**bearer(await make_key(KeyRole.INGEST, name="test-ingest")), **BINARY}
 
 
 @pytest.fixture
@@ -276,13 +276,13 @@ async def test_roles_and_tenant_scope(
     body = binary(records(1))
     response = await client.post(INGEST, content=body, headers=BINARY)
     assert response.status_code == 401
-    viewer = {**bearer(await make_key(Role.VIEWER)), **BINARY}
+    viewer = {**bearer(await make_key(KeyRole.VIEWER)), **BINARY}
     response = await client.post(INGEST, content=body, headers=viewer)
     assert response.status_code == 403
     assert response.json()["detail"].startswith(
         "this route needs role 'ingest' (allowed: admin, ingest)"
     )
-    scoped = {**bearer(await make_key(Role.INGEST, tenant="acme", name="acme-in")), **BINARY}
+    scoped = {**bearer(await make_key(KeyRole.INGEST, tenant="acme", name="acme-in")), **BINARY}
     other = binary(records(1, tenant="globex"), exporter_id="g")
     response = await client.post(INGEST, content=other, headers=scoped)
     assert response.status_code == 403

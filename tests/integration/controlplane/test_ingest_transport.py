@@ -21,7 +21,7 @@ import uvicorn
 
 from controlplane.db import create_engine_for, session_factory, utcnow
 from controlplane.main import create_app
-from controlplane.models import Base, GoodputRollup, Role
+from controlplane.models import Base, GoodputRollup, KeyRole
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from exporters.recorder import RequestRecorder
@@ -69,7 +69,7 @@ class AppServer:
         assert not self.thread.is_alive(), "the app server did not stop"
 
 
-async def new_key(database_url: str, role: Role, tenant: str | None = None) -> str:
+async def new_key(database_url: str, role: KeyRole, tenant: str | None = None) -> str:
     engine = create_engine_for(database_url)
     try:
         async with session_factory(engine)() as session, session.begin():
@@ -132,8 +132,8 @@ async def test_the_real_exporter_delivers_records_that_show_up_in_goodput(
     serve: ServerFactory, database_url: str
 ) -> None:
     server = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    ingest_key = await new_key(database_url, Role.INGEST)
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    ingest_key = await new_key(database_url, KeyRole.INGEST)
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
         assert (await http.post("/api/v1/slos", json=CHAT)).status_code == 201
         assert (await http.get("/api/v1/slos/chat/goodput?window=1m")).json()["requests"] == 0
@@ -168,13 +168,13 @@ async def test_the_exporter_counts_refused_records_and_delivers_the_rest(
     serve: ServerFactory, database_url: str
 ) -> None:
     server = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
         assert (await http.post("/api/v1/slos", json=CHAT)).status_code == 201
         # The engine polls the SLO table every second; a read loads a new SLO at once.
         await http.get("/api/v1/slos/chat/goodput?window=1m")
         exporter = ControlPlaneExporter(
-            server.url, api_key=await new_key(database_url, Role.INGEST), flush_interval_s=0.05
+            server.url, api_key=await new_key(database_url, KeyRole.INGEST), flush_interval_s=0.05
         )
         recorder = RequestRecorder(Vantage.GATEWAY, exporter)
         for k in range(10):
@@ -193,8 +193,8 @@ async def test_the_exporter_counts_refused_records_and_delivers_the_rest(
 
 async def test_long_window_stats_survive_a_restart(serve: ServerFactory, database_url: str) -> None:
     first = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    ingest_key = await new_key(database_url, Role.INGEST)
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    ingest_key = await new_key(database_url, KeyRole.INGEST)
     objectives = [{"metric": "ttft", "threshold_s": 0.001}, {"metric": "e2el", "threshold_s": 60}]
     async with httpx.AsyncClient(base_url=first.url, headers=admin) as http:
         body = {**CHAT, "objectives": objectives}
@@ -275,8 +275,8 @@ async def test_rejections_by_class_and_percentiles_by_vantage_survive_a_restart(
     serve: ServerFactory, database_url: str
 ) -> None:
     first = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    ingest_key = await new_key(database_url, Role.INGEST)
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    ingest_key = await new_key(database_url, KeyRole.INGEST)
     # Early in the previous minute: one 10-s slot, where a restored minute's sketches go.
     finish_s = int(time.time()) // 60 * 60 - 55
     async with httpx.AsyncClient(base_url=first.url, headers=admin) as http:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from controlplane.db import utcnow
 from controlplane.main import create_app
-from controlplane.models import APIKey, Role
+from controlplane.models import APIKey, KeyRole
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 from tests.integration.controlplane.conftest import MakeKey, bearer, empty_tables
@@ -62,7 +62,7 @@ async def test_a_busy_key_is_looked_up_once_per_ttl(
 ) -> None:
     clock = Clock()
     key_service.key_cache(app.state.engine).clock = clock
-    headers = bearer(await make_key(Role.VIEWER))
+    headers = bearer(await make_key(KeyRole.VIEWER))
     with statements(app) as seen:
         for _ in range(5):
             assert (await client.get(SLOS, headers=headers)).status_code == 200
@@ -83,7 +83,12 @@ async def test_last_used_at_is_written_again_once_older_than_the_resolution(
         try:
             async with app.state.sessions() as session, session.begin():
                 _, secret = await key_service.create_key(
-                    session, name="busy", role=Role.VIEWER, tenant=None, actor="cli", now=utcnow()
+                    session,
+                    name="busy",
+                    role=KeyRole.VIEWER,
+                    tenant=None,
+                    actor="cli",
+                    now=utcnow(),
                 )
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -124,7 +129,7 @@ async def test_a_key_revoked_by_another_process_stops_within_the_ttl(
 ) -> None:
     clock = Clock()
     key_service.key_cache(app.state.engine).clock = clock
-    secret = await make_key(Role.VIEWER)
+    secret = await make_key(KeyRole.VIEWER)
     assert (await client.get(SLOS, headers=bearer(secret))).status_code == 200
     # Another replica (or the CLI) revokes the key: this process's cache does not know.
     async with app.state.engine.begin() as conn:
@@ -142,7 +147,7 @@ async def test_a_key_revoked_by_another_process_stops_within_the_ttl(
 async def test_an_unknown_key_with_a_live_prefix_is_refused(
     app: FastAPI, client: httpx.AsyncClient, make_key: MakeKey
 ) -> None:
-    secret = await make_key(Role.VIEWER)
+    secret = await make_key(KeyRole.VIEWER)
     assert (await client.get(SLOS, headers=bearer(secret))).status_code == 200
     forged = secret[:11] + key_service.generate_key()[11:]
     response = await client.get(SLOS, headers=bearer(forged))

@@ -19,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from tests.integration.controlplane.test_ingest_transport import ServerFactory, new_key, serve
 from tests.integration.controlplane.test_otlp_receiver import ENGINE_SLO, emit_vllm_request
 from tests.unit.controlplane.ingest.otlp_builders import export_request, span, vllm_attributes
@@ -51,8 +51,8 @@ def call(port: int, body: bytes, key: str | None) -> tuple[grpc.StatusCode, str,
 async def test_the_sdk_grpc_exporter_feeds_goodput(serve: ServerFactory, database_url: str) -> None:
     server = serve(otlp_grpc_port=0)
     port = grpc_port(server)
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    ingest = await new_key(database_url, Role.INGEST)
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    ingest = await new_key(database_url, KeyRole.INGEST)
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm-cpu"}))
     exporter = OTLPSpanExporter(
         endpoint=f"http://127.0.0.1:{port}",
@@ -87,8 +87,8 @@ async def test_bad_calls_get_the_grpc_status_and_a_bad_span_is_rejected_alone(
 ) -> None:
     server = serve(otlp_grpc_port=0)
     port = grpc_port(server)
-    ingest = await new_key(database_url, Role.INGEST)
-    viewer = await new_key(database_url, Role.VIEWER)
+    ingest = await new_key(database_url, KeyRole.INGEST)
+    viewer = await new_key(database_url, KeyRole.VIEWER)
     good = export_request(span(vllm_attributes(request_id="ok")))
     now_ns = time.time_ns() - 5 * 10**9
 
@@ -139,7 +139,7 @@ async def test_bad_calls_get_the_grpc_status_and_a_bad_span_is_rejected_alone(
     assert "start_time_unix_nano must be set (it is the request's arrival) and below 2**63" in (
         message
     )
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
         metrics = (await http.get("/metrics")).text
     assert 'goodput_ingest_otlp_spans_total{outcome="mapped"} 1.0' in metrics
@@ -151,7 +151,7 @@ async def test_too_large_a_message_is_resource_exhausted(
 ) -> None:
     server = serve(otlp_grpc_port=0, max_ingest_bytes=4096)
     port = grpc_port(server)
-    ingest = await new_key(database_url, Role.INGEST)
+    ingest = await new_key(database_url, KeyRole.INGEST)
     big = ExportTraceServiceRequest()
     big.MergeFrom(export_request(*(span(vllm_attributes(request_id=f"r{k}")) for k in range(80))))
     assert big.ByteSize() > 4096

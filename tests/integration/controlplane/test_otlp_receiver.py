@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from exporters.otel import OTelExporter
 from exporters.records import Labels, RecordBatch, RequestRecord, Status, TokenDetail, Vantage
 from tests.integration.controlplane.conftest import MakeKey, bearer
@@ -79,8 +79,8 @@ async def test_the_sdk_exporter_feeds_goodput_with_vllm_spans(
     serve: ServerFactory, database_url: str
 ) -> None:
     server = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    provider, tracer = vllm_tracer(server.url, await new_key(database_url, Role.INGEST))
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    provider, tracer = vllm_tracer(server.url, await new_key(database_url, KeyRole.INGEST))
     now_ns = time.time_ns()
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as http:
         assert (await http.post("/api/v1/slos", json=ENGINE_SLO)).status_code == 201
@@ -117,8 +117,8 @@ async def test_our_otel_exporter_round_trips_through_the_receiver(
     """OTelExporter's spans (summary attributes, goodput.status) → the receiver → goodput,
     rejected requests included, so availability survives the OTLP path."""
     server = serve()
-    admin = {"Authorization": f"Bearer {await new_key(database_url, Role.ADMIN)}"}
-    provider, _ = vllm_tracer(server.url, await new_key(database_url, Role.INGEST))
+    admin = {"Authorization": f"Bearer {await new_key(database_url, KeyRole.ADMIN)}"}
+    provider, _ = vllm_tracer(server.url, await new_key(database_url, KeyRole.INGEST))
     exporter = OTelExporter(MeterProvider(), provider, fold_every=1)
     arrival = time.time_ns() - 5 * 10**9
     records = [
@@ -163,7 +163,7 @@ async def test_our_otel_exporter_round_trips_through_the_receiver(
 
 @pytest.fixture
 async def otlp_headers(make_key: MakeKey) -> dict[str, str]:
-    return {**bearer(await make_key(Role.INGEST, name="otlp")), **PROTOBUF}
+    return {**bearer(await make_key(KeyRole.INGEST, name="otlp")), **PROTOBUF}
 
 
 def records_of(app: FastAPI) -> int:
@@ -286,9 +286,9 @@ async def test_errors_are_google_rpc_statuses(
     assert status_pb2.Status.FromString(response.content).message.startswith(
         f"body must be at most {limit} bytes"
     )
-    viewer = {**bearer(await make_key(Role.VIEWER)), **PROTOBUF}
+    viewer = {**bearer(await make_key(KeyRole.VIEWER)), **PROTOBUF}
     assert (await client.post(TRACES, content=b"", headers=viewer)).status_code == 403
-    scoped = {**bearer(await make_key(Role.INGEST, tenant="acme", name="acme-otlp")), **PROTOBUF}
+    scoped = {**bearer(await make_key(KeyRole.INGEST, tenant="acme", name="acme-otlp")), **PROTOBUF}
     foreign = export_request(span(vllm_attributes(**{"goodput.tenant": "globex"})))
     response = await client.post(TRACES, content=foreign.SerializeToString(), headers=scoped)
     assert response.status_code == 403

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 import uvicorn
 from fastapi import FastAPI
 
-from controlplane.models import Command, Role
+from controlplane.models import Command, KeyRole
 from controlplane.settings import Settings
 from exporters.commands import CommandKind
 from exporters.records import Labels, RecordBatch, RequestRecord, Vantage
@@ -90,7 +90,7 @@ class Fleet:
 @pytest_asyncio.fixture(loop_scope="function")
 async def fleet(app: FastAPI, make_key: MakeKey) -> AsyncIterator[Fleet]:
     """One prefill and three decode workers, each with a real agent over loopback HTTP."""
-    key = await make_key(Role.AGENT, name="planner-agents")
+    key = await make_key(KeyRole.AGENT, name="planner-agents")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -165,7 +165,7 @@ async def demand(
     response = await client.post("/api/v1/slos", json=slo, headers=admin_headers)
     assert response.status_code == 201, response.text
     await app.state.live.refresh_slos()
-    headers = {**bearer(await make_key(Role.INGEST)), "Content-Type": CONTENT_TYPE_BINARY}
+    headers = {**bearer(await make_key(KeyRole.INGEST)), "Content-Type": CONTENT_TYPE_BINARY}
     body = encode_batch(prefill_heavy(), exporter_id="gw-0", seq=0)
     response = await client.post("/api/v1/ingest", content=body, headers=headers)
     assert response.status_code == 200, response.text

@@ -26,7 +26,7 @@ from fastapi import FastAPI
 
 from controlplane.db import create_engine_for, session_factory, sync_url, utcnow
 from controlplane.main import create_app
-from controlplane.models import SCHEMA_REVISION, GoodputRollup, Role
+from controlplane.models import SCHEMA_REVISION, GoodputRollup, KeyRole
 from controlplane.runtime.live import LiveGoodput
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
@@ -117,7 +117,7 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def mint_key(database_url: str, role: Role) -> str:
+async def mint_key(database_url: str, role: KeyRole) -> str:
     engine = create_engine_for(database_url)
     try:
         async with session_factory(engine)() as session, session.begin():
@@ -178,8 +178,11 @@ def migrated(own_schema: str) -> str:
 
 async def test_starts_without_the_database_and_loads_once_it_answers(migrated: str) -> None:
     # History: a first run that counted 7 requests (2 bad) and wrote its minute at stop.
-    admin = bearer(await mint_key(migrated, Role.ADMIN))
-    ingest = {**bearer(await mint_key(migrated, Role.INGEST)), "Content-Type": CONTENT_TYPE_BINARY}
+    admin = bearer(await mint_key(migrated, KeyRole.ADMIN))
+    ingest = {
+        **bearer(await mint_key(migrated, KeyRole.INGEST)),
+        "Content-Type": CONTENT_TYPE_BINARY,
+    }
     async with running(Settings(database_url=migrated)) as (app, client):
         assert (await client.post("/api/v1/slos", json=SLO, headers=admin)).status_code == 201
         await app.state.live.refresh_slos()
@@ -257,7 +260,7 @@ async def served(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.Async
 async def test_the_server_starts_and_the_loop_loads_the_slo_set_on_its_own(
     migrated: str,
 ) -> None:
-    admin = bearer(await mint_key(migrated, Role.ADMIN))
+    admin = bearer(await mint_key(migrated, KeyRole.ADMIN))
     async with running(Settings(database_url=migrated)) as (_, client):
         assert (await client.post("/api/v1/slos", json=SLO, headers=admin)).status_code == 201
     database = SwitchableDatabase(migrated)
@@ -279,8 +282,11 @@ async def test_the_server_starts_and_the_loop_loads_the_slo_set_on_its_own(
 async def test_ingest_is_refused_until_the_slo_set_loads_then_applied_once(
     migrated: str,
 ) -> None:
-    admin = bearer(await mint_key(migrated, Role.ADMIN))
-    ingest = {**bearer(await mint_key(migrated, Role.INGEST)), "Content-Type": CONTENT_TYPE_BINARY}
+    admin = bearer(await mint_key(migrated, KeyRole.ADMIN))
+    ingest = {
+        **bearer(await mint_key(migrated, KeyRole.INGEST)),
+        "Content-Type": CONTENT_TYPE_BINARY,
+    }
     async with running(Settings(database_url=migrated)) as (_, client):
         assert (await client.post("/api/v1/slos", json=SLO, headers=admin)).status_code == 201
     # Keys answer, but the history cannot be read: the SLO set cannot load.

@@ -11,7 +11,7 @@ import uvicorn
 
 from controlplane.db import utcnow
 from controlplane.main import create_app
-from controlplane.models import SCHEMA_REVISION, Role
+from controlplane.models import SCHEMA_REVISION, KeyRole
 from controlplane.services import keys as key_service
 from controlplane.settings import Settings
 
@@ -35,7 +35,7 @@ async def test_full_flow_over_real_http(database_url: str) -> None:
         assert server.started
         async with app.state.sessions() as session, session.begin():
             _, key = await key_service.create_key(
-                session, name="loopback", role=Role.ADMIN, tenant=None, actor="cli", now=utcnow()
+                session, name="loopback", role=KeyRole.ADMIN, tenant=None, actor="cli", now=utcnow()
             )
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

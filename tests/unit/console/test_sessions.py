@@ -22,12 +22,12 @@ from controlplane.api.sessions import (
     sign_in_link,
 )
 from controlplane.console.pages import _safe_next, _same_origin
-from controlplane.models import ConsoleSession, Role
+from controlplane.models import ConsoleSession, KeyRole
 from controlplane.services.keys import AuthenticatedKey
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 T = TypeVar("T")
-KEY = AuthenticatedKey(uuid.uuid4(), "ops", Role.OPERATOR, None, "gp_abc", "h", None)
+KEY = AuthenticatedKey(uuid.uuid4(), "ops", KeyRole.OPERATOR, None, "gp_abc", "h", None)
 
 
 class RecordingSession:
@@ -67,7 +67,7 @@ def test_sign_in_stores_only_the_tokens_hash_and_expires_after_the_ttl() -> None
     assert token not in {str(v) for v in vars(row).values()}
     assert row.expires_at == opened.expires_at == NOW + timedelta(hours=1)
     assert row.csrf_token == opened.csrf_token and len(opened.csrf_token) >= 32
-    assert (opened.id, opened.role) == (KEY.id, Role.OPERATOR)
+    assert (opened.id, opened.role) == (KEY.id, KeyRole.OPERATOR)
     audits = [r for r in db.added if not isinstance(r, ConsoleSession)]
     assert [a.action for a in audits] == ["session.create"]
 
@@ -89,7 +89,7 @@ def test_a_one_time_link_has_no_csrf_token_so_it_never_passes_as_a_session() -> 
 
 
 def test_csrf_matches_only_the_sessions_own_token() -> None:
-    opened = OpenSession(KEY.id, "ops", Role.OPERATOR, None, "t0k3n", NOW)
+    opened = OpenSession(KEY.id, "ops", KeyRole.OPERATOR, None, "t0k3n", NOW)
     assert opened.csrf_matches("t0k3n")
     assert not opened.csrf_matches(None)
     assert not opened.csrf_matches("")

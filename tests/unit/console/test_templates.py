@@ -14,19 +14,19 @@ import pytest
 
 from controlplane.api.sessions import OpenSession
 from controlplane.console.pages import HERE, templates
-from controlplane.models import Role
+from controlplane.models import KeyRole
 
 PAGES = ["overview", "slo", "editor", "fleet", "control", "audit", "keys"]
 
 
-def render(template: str, role: Role = Role.VIEWER, **context: Any) -> str:
+def render(template: str, role: KeyRole = KeyRole.VIEWER, **context: Any) -> str:
     me = OpenSession(uuid.uuid4(), f"k-{role.value}", role, None, "csrf123", datetime.now(UTC))
     request = SimpleNamespace(base_url="http://cp.example:8000/")
     return templates.get_template(template).render(
         request=request,
         me=me,
-        can_operate=role is not Role.VIEWER,
-        is_admin=role is Role.ADMIN,
+        can_operate=role is not KeyRole.VIEWER,
+        is_admin=role is KeyRole.ADMIN,
         params={"ref": "chat"},
         title="t",
         **context,
@@ -40,7 +40,7 @@ def test_overview_without_slos_says_how_to_apply_one_and_point_an_exporter() -> 
     assert "goodput slo apply examples/slos.yaml" in empty
     assert "--control-plane http://cp.example:8000/" in empty
     assert "create one here" not in empty  # a viewer cannot
-    assert "create one here" in render("overview.html", Role.OPERATOR)
+    assert "create one here" in render("overview.html", KeyRole.OPERATOR)
     assert "No request judged in the last 6 hours" in html
 
 
@@ -55,9 +55,9 @@ def test_other_empty_states() -> None:
 def test_a_viewer_gets_no_mutation_control() -> None:
     viewer = render("overview.html")
     assert "New SLO" not in viewer and "API keys" not in viewer
-    operator = render("overview.html", Role.OPERATOR)
+    operator = render("overview.html", KeyRole.OPERATOR)
     assert "New SLO" in operator and "API keys" not in operator
-    assert "API keys" in render("overview.html", Role.ADMIN)
+    assert "API keys" in render("overview.html", KeyRole.ADMIN)
     slo = render("slo.html")
     assert 'id="edit"' not in slo and 'id="export"' in slo
 
@@ -70,7 +70,7 @@ def test_csrf_token_is_in_the_page_and_the_sign_out_form() -> None:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_no_inline_script_handler_or_style(page: str) -> None:
-    html = render(f"{page}.html", Role.ADMIN)
+    html = render(f"{page}.html", KeyRole.ADMIN)
     scripts = re.findall(r"<script\b[^>]*>", html)
     assert scripts and all(" src=" in s for s in scripts), scripts
     assert not re.search(r"\son[a-z]+=", html)
@@ -79,7 +79,7 @@ def test_no_inline_script_handler_or_style(page: str) -> None:
 
 def test_every_page_module_exists() -> None:
     for page in PAGES:
-        html = render(f"{page}.html", Role.ADMIN)
+        html = render(f"{page}.html", KeyRole.ADMIN)
         for src in re.findall(r'<script[^>]* src="/console/static/([^"]+)"', html):
             if not src.startswith("vendor/"):  # built by make install
                 assert (HERE / "static" / src).is_file(), src

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.services.keys import (
     PREFIX_LENGTH,
     AuthenticatedKey,
@@ -28,7 +28,7 @@ class Clock:
         return self.now
 
 
-def entry(secret: str, *, name: str = "k", role: Role = Role.INGEST) -> AuthenticatedKey:
+def entry(secret: str, *, name: str = "k", role: KeyRole = KeyRole.INGEST) -> AuthenticatedKey:
     return AuthenticatedKey(
         id=uuid.uuid4(),
         name=name,

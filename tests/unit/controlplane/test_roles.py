@@ -18,48 +18,48 @@ from controlplane.api.auth import (
     route_requirements,
 )
 from controlplane.main import create_app
-from controlplane.models import Role
+from controlplane.models import KeyRole
 from controlplane.settings import Settings
 
 
 @pytest.mark.parametrize(
     ("held", "needed", "allowed"),
-    [(Role.ADMIN, role, True) for role in Role]
+    [(KeyRole.ADMIN, role, True) for role in KeyRole]
     + [
-        (Role.OPERATOR, Role.VIEWER, True),
-        (Role.OPERATOR, Role.OPERATOR, True),
-        (Role.OPERATOR, Role.ADMIN, False),
-        (Role.OPERATOR, Role.INGEST, False),
-        (Role.OPERATOR, Role.AGENT, False),
-        (Role.VIEWER, Role.OPERATOR, False),
-        (Role.VIEWER, Role.INGEST, False),
-        (Role.INGEST, Role.VIEWER, False),
-        (Role.INGEST, Role.INGEST, True),
-        (Role.AGENT, Role.AGENT, True),
-        (Role.AGENT, Role.VIEWER, False),
-        (Role.AGENT, Role.INGEST, False),
+        (KeyRole.OPERATOR, KeyRole.VIEWER, True),
+        (KeyRole.OPERATOR, KeyRole.OPERATOR, True),
+        (KeyRole.OPERATOR, KeyRole.ADMIN, False),
+        (KeyRole.OPERATOR, KeyRole.INGEST, False),
+        (KeyRole.OPERATOR, KeyRole.AGENT, False),
+        (KeyRole.VIEWER, KeyRole.OPERATOR, False),
+        (KeyRole.VIEWER, KeyRole.INGEST, False),
+        (KeyRole.INGEST, KeyRole.VIEWER, False),
+        (KeyRole.INGEST, KeyRole.INGEST, True),
+        (KeyRole.AGENT, KeyRole.AGENT, True),
+        (KeyRole.AGENT, KeyRole.VIEWER, False),
+        (KeyRole.AGENT, KeyRole.INGEST, False),
     ],
 )
-def test_grants(held: Role, needed: Role, allowed: bool) -> None:
+def test_grants(held: KeyRole, needed: KeyRole, allowed: bool) -> None:
     assert grants(held, needed) is allowed
 
 
 def test_actor_names_the_key_or_the_cli() -> None:
     key_id = uuid.UUID("7c9e6679-7425-40de-944b-e07fc1f90ae7")
-    principal = Principal(key_id=key_id, name="deploy-bot", role=Role.OPERATOR)
+    principal = Principal(key_id=key_id, name="deploy-bot", role=KeyRole.OPERATOR)
     assert principal.actor == f"key:{key_id}:deploy-bot"
     assert CLI.actor == "cli"
 
 
 def test_route_requirements_are_read_back_from_the_dependency_tree() -> None:
     router = APIRouter()
-    guard = require(Role.INGEST)
+    guard = require(KeyRole.INGEST)
 
     def nested(_: object = Depends(guard)) -> None:
         return None
 
     @router.post("/direct")
-    def direct(_: object = Depends(require(Role.OPERATOR))) -> None:
+    def direct(_: object = Depends(require(KeyRole.OPERATOR))) -> None:
         return None
 
     @router.post("/nested")
@@ -69,7 +69,7 @@ def test_route_requirements_are_read_back_from_the_dependency_tree() -> None:
     app = FastAPI()
     app.include_router(router)
     found = {r.path: route_requirements(r) for r in app.routes if hasattr(r, "dependant")}
-    assert [req.role for req in found["/direct"]] == [Role.OPERATOR]
+    assert [req.role for req in found["/direct"]] == [KeyRole.OPERATOR]
     assert found["/nested"] == [guard]
 
 
@@ -87,10 +87,10 @@ def test_an_unguarded_route_stops_the_app_from_starting() -> None:
 
 
 def test_open_setting_follows_the_settings() -> None:
-    requirement = RoleRequirement(Role.VIEWER, open_setting="open_metrics")
+    requirement = RoleRequirement(KeyRole.VIEWER, open_setting="open_metrics")
     assert requirement.is_open(Settings(open_metrics=True))
     assert not requirement.is_open(Settings(open_metrics=False))
-    assert not RoleRequirement(Role.VIEWER).is_open(Settings())
+    assert not RoleRequirement(KeyRole.VIEWER).is_open(Settings())
 
 
 @pytest.mark.parametrize("open_health", [True, False])
