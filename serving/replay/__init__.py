@@ -8,14 +8,14 @@ from serving.replay.driver import (
     ReplayStats,
     build_record,
 )
-from serving.replay.latency_model import LatencyModel, ModelParams, RequestTimings
+from serving.replay.latency_model import ModelParams, ReplayLatencyModel, RequestTimings
 
 __all__ = [
     "DEFAULT_MODEL",
-    "LatencyModel",
     "ModelParams",
     "RampSchedule",
     "ReplayDriver",
+    "ReplayLatencyModel",
     "ReplayStats",
     "RequestTimings",
     "build_record",

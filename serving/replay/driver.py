@@ -1,5 +1,5 @@
 """Replay a request trace in real time: arrivals paced by a rate schedule, token times from
-the stand-in :class:`~serving.replay.latency_model.LatencyModel`, one
+the closed-form :class:`~serving.replay.latency_model.ReplayLatencyModel`, one
 :class:`~exporters.records.RequestRecord` per request handed to a
 :class:`~exporters.sinks.RecordSink` at the request's finish time.
 
@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from exporters.records import Labels, Phase, RequestRecord, Status, TokenDetail, Vantage
 from exporters.sinks import RecordSink
-from serving.replay.latency_model import LatencyModel, ModelParams, RequestTimings
+from serving.replay.latency_model import ModelParams, ReplayLatencyModel, RequestTimings
 from serving.traces import Trace
 
 __all__ = [
@@ -174,7 +174,7 @@ class ReplayDriver:
         self.trace = trace
         self.sink = sink
         self.schedule = schedule or RampSchedule()
-        self.model = LatencyModel(params, seed=seed)
+        self.model = ReplayLatencyModel(params, seed=seed)
         self.model_name = model_name
         self.start_time_ns = time.time_ns() if start_time_ns is None else start_time_ns
         self.run_id = run_id or uuid.uuid4().hex[:8]

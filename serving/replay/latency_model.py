@@ -1,5 +1,6 @@
-"""A stand-in latency model for replayed requests, until the timing-model engine and the
-real vLLM stack land: a 1P1D pair serving Llama-3.1-8B on H100s (``docs/demo.md``).
+"""The closed-form latency model of ``goodput demo --engine model``'s replay (no workers, no
+gateway): a 1P1D pair serving Llama-3.1-8B on H100s (``docs/demo.md``). The timing-model
+engine (``serving.sim``, its own ``LatencyModel``) is the simulated fleet's.
 
 * Prefill: one FIFO server, ``prefill_base_s + input_tokens / prefill_tokens_per_s`` per
   request after those before it, so TTFT grows with the queue (Lindley's recursion).
@@ -13,7 +14,7 @@ real vLLM stack land: a 1P1D pair serving Llama-3.1-8B on H100s (``docs/demo.md`
 
 Example::
 
-    model = LatencyModel(ModelParams(), seed=0)
+    model = ReplayLatencyModel(ModelParams(), seed=0)
     model.submit(np.array([0.0, 0.01]), np.array([1000, 3000]), np.array([50, 80]))
     done = model.advance(10.0)  # requests finished by t = 10 s, in finish order
     ttft_s = done[0].emission_s[0] - done[0].arrival_s
@@ -29,7 +30,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LatencyModel", "ModelParams", "RequestTimings"]
+__all__ = ["ModelParams", "ReplayLatencyModel", "RequestTimings"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -75,7 +76,7 @@ class RequestTimings:
         return float(self.emission_s[-1])
 
 
-class LatencyModel:
+class ReplayLatencyModel:
     """The 1P1D model of the module docstring, advanced in model time (see the example)."""
 
     def __init__(self, params: ModelParams | None = None, seed: int = 0) -> None:

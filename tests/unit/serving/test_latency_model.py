@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from serving.replay.latency_model import LatencyModel, ModelParams, RequestTimings
+from serving.replay.latency_model import ModelParams, ReplayLatencyModel, RequestTimings
 
 EXACT = ModelParams(jitter_ratio=0.0)
 # Prefill and KV transfer take no time: every request is ready for decode at its arrival.
@@ -17,7 +17,7 @@ INSTANT_PREFILL = ModelParams(
 
 
 def run(
-    model: LatencyModel, arrival_s: list[float], inputs: list[int], outputs: list[int]
+    model: ReplayLatencyModel, arrival_s: list[float], inputs: list[int], outputs: list[int]
 ) -> list[RequestTimings]:
     model.submit(np.array(arrival_s, dtype=np.float64), np.array(inputs), np.array(outputs))
     done = model.advance(math.inf)
@@ -30,7 +30,7 @@ def ttft(t: RequestTimings) -> float:
 
 def test_ttft_grows_with_the_prefill_queue_fifo() -> None:
     p = EXACT
-    done = run(LatencyModel(p), [0.0] * 5, [1000] * 5, [2] * 5)
+    done = run(ReplayLatencyModel(p), [0.0] * 5, [1000] * 5, [2] * 5)
     service = p.prefill_base_s + 1000 / p.prefill_tokens_per_s
     kv = 1000 * p.kv_bytes_per_token / p.kv_link_bytes_per_s
     assert [t.prefill_start_s for t in done] == pytest.approx([k * service for k in range(5)])
@@ -39,7 +39,7 @@ def test_ttft_grows_with_the_prefill_queue_fifo() -> None:
 
 def test_an_idle_prefill_server_starts_at_arrival() -> None:
     p = EXACT
-    done = run(LatencyModel(p), [0.0, 10.0], [2000, 10], [1, 1])
+    done = run(ReplayLatencyModel(p), [0.0, 10.0], [2000, 10], [1, 1])
     assert done[1].prefill_start_s == 10.0
     kv = 10 * p.kv_bytes_per_token / p.kv_link_bytes_per_s
     assert ttft(done[1]) == pytest.approx(p.prefill_base_s + 10 / p.prefill_tokens_per_s + kv)
@@ -50,7 +50,7 @@ def test_vectorised_prefill_matches_the_sequential_recursion() -> None:
     arrival = np.cumsum(rng.exponential(0.03, 300))
     inputs = rng.integers(0, 4000, 300)
     p = ModelParams(jitter_ratio=0.0)
-    done = run(LatencyModel(p), arrival.tolist(), inputs.tolist(), [1] * 300)
+    done = run(ReplayLatencyModel(p), arrival.tolist(), inputs.tolist(), [1] * 300)
     free = 0.0
     for t, a, n in zip(done, arrival.tolist(), inputs.tolist(), strict=True):
         start = max(a, free)
@@ -61,7 +61,7 @@ def test_vectorised_prefill_matches_the_sequential_recursion() -> None:
 
 def test_the_first_token_waits_for_the_kv_transfer() -> None:
     p = EXACT
-    (t,) = run(LatencyModel(p), [0.0], [8192], [1])
+    (t,) = run(ReplayLatencyModel(p), [0.0], [8192], [1])
     assert t.kv_end_s - t.prefill_end_s == pytest.approx(8192 * 131_072 / 50e9)
     assert t.emission_s.tolist() == [t.kv_end_s]
 
@@ -69,7 +69,7 @@ def test_the_first_token_waits_for_the_kv_transfer() -> None:
 @pytest.mark.parametrize("batch", [1, 16, 200])
 def test_itl_is_the_step_time_of_the_running_batch(batch: int) -> None:
     p = INSTANT_PREFILL
-    done = run(LatencyModel(p), [0.0] * batch, [0] * batch, [6] * batch)
+    done = run(ReplayLatencyModel(p), [0.0] * batch, [0] * batch, [6] * batch)
     step_s = p.decode_base_s + p.decode_per_seq_s * batch
     for t in done:
         assert t.emission_s[0] == 0.0
@@ -78,7 +78,7 @@ def test_itl_is_the_step_time_of_the_running_batch(batch: int) -> None:
 
 def test_itl_grows_with_the_batch_and_falls_as_requests_leave() -> None:
     p = INSTANT_PREFILL
-    done = run(LatencyModel(p), [0.0] * 50, [0] * 50, [3] * 49 + [6])
+    done = run(ReplayLatencyModel(p), [0.0] * 50, [0] * 50, [3] * 49 + [6])
     gaps = np.diff(done[-1].emission_s)
     # Two steps with all 50 running, then three alone once the others finished.
     np.testing.assert_allclose(gaps[:2], p.decode_base_s + 50 * p.decode_per_seq_s)
@@ -88,7 +88,7 @@ def test_itl_grows_with_the_batch_and_falls_as_requests_leave() -> None:
 def test_a_ready_request_joins_at_the_next_step_boundary() -> None:
     p = INSTANT_PREFILL
     step_1 = p.decode_base_s + p.decode_per_seq_s
-    done = run(LatencyModel(p), [0.0, 0.5 * step_1], [0, 0], [4, 3])
+    done = run(ReplayLatencyModel(p), [0.0, 0.5 * step_1], [0, 0], [4, 3])
     late = done[1]
     # It arrives mid-step: its second token comes at the end of the next (two-request) step.
     step_2 = p.decode_base_s + 2 * p.decode_per_seq_s
@@ -103,7 +103,7 @@ def test_a_full_decode_batch_makes_ready_requests_wait_for_a_slot() -> None:
         jitter_ratio=0.0,
         max_num_seqs=2,
     )
-    done = run(LatencyModel(p), [0.0, 0.0, 0.0], [0, 0, 0], [4, 4, 4])
+    done = run(ReplayLatencyModel(p), [0.0, 0.0, 0.0], [0, 0, 0], [4, 4, 4])
     step_2 = p.decode_base_s + 2 * p.decode_per_seq_s
     step_1 = p.decode_base_s + p.decode_per_seq_s
     assert done[0].finish_s == done[1].finish_s == pytest.approx(3 * step_2)
@@ -116,7 +116,7 @@ def test_advance_returns_each_request_once_when_finished_in_finish_order() -> No
     rng = np.random.default_rng(3)
     n = 200
     arrival = np.sort(rng.uniform(0, 5, n))
-    model = LatencyModel(ModelParams(), seed=1)
+    model = ReplayLatencyModel(ModelParams(), seed=1)
     model.submit(arrival, rng.integers(1, 3000, n), rng.integers(1, 300, n))
     seen: list[int] = []
     for until in np.arange(0.1, 60.0, 0.1).tolist():
@@ -129,7 +129,9 @@ def test_advance_returns_each_request_once_when_finished_in_finish_order() -> No
 
 
 def test_output_lengths_set_the_token_count_and_zero_counts_as_one() -> None:
-    done = run(LatencyModel(ModelParams(), seed=2), [0.0, 0.0, 0.1], [10, 500, 20], [0, 1, 37])
+    done = run(
+        ReplayLatencyModel(ModelParams(), seed=2), [0.0, 0.0, 0.1], [10, 500, 20], [0, 1, 37]
+    )
     assert [len(t.emission_s) for t in done] == [1, 1, 37]
     for t in done:
         assert (np.diff(t.emission_s) >= 0).all()
@@ -153,7 +155,7 @@ def test_same_seed_same_times_and_another_seed_other_times() -> None:
     arrival, inputs, outputs = trace_like(0)
 
     def once(seed: int) -> list[tuple[int, list[float]]]:
-        model = LatencyModel(ModelParams(), seed=seed)
+        model = ReplayLatencyModel(ModelParams(), seed=seed)
         model.submit(arrival, inputs, outputs)
         return as_tuples(model.advance(math.inf))
 
@@ -163,11 +165,11 @@ def test_same_seed_same_times_and_another_seed_other_times() -> None:
 
 def test_results_do_not_depend_on_how_calls_are_split() -> None:
     arrival, inputs, outputs = trace_like(1)
-    whole = LatencyModel(ModelParams(), seed=9)
+    whole = ReplayLatencyModel(ModelParams(), seed=9)
     whole.submit(arrival, inputs, outputs)
     expected = as_tuples(whole.advance(math.inf))
 
-    paced = LatencyModel(ModelParams(), seed=9)
+    paced = ReplayLatencyModel(ModelParams(), seed=9)
     done: list[RequestTimings] = []
     next_row = 0
     for until in np.arange(0.0, arrival[-1] + 0.25, 0.25).tolist():
@@ -184,7 +186,7 @@ def test_results_do_not_depend_on_how_calls_are_split() -> None:
 
 
 def test_submit_refuses_arrivals_out_of_order_or_before_the_model_time() -> None:
-    model = LatencyModel()
+    model = ReplayLatencyModel()
     with pytest.raises(ValueError, match=r"arrival_s must be finite, non-decreasing and >= 0.0"):
         model.submit(np.array([1.0, 0.5]), np.array([1, 1]), np.array([1, 1]))
     model.advance(2.0)
