@@ -1,7 +1,7 @@
 """Counter columns, and turning summed counters and sketches into :class:`GoodputStats`.
 
 Both the live windows and the dry run sum the same columns; this module is where the
-ratios of DESIGN.md ("Metric definitions") are computed, once.
+ratios of docs/metrics.md are computed, once.
 """
 
 from __future__ import annotations

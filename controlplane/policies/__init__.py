@@ -1,2 +1,2 @@
 """Pure control-loop policies: functions of observed state and an injected clock, no I/O
-(DESIGN.md: the simulator imports them, so no FastAPI, SQLAlchemy or network here)."""
+(docs/architecture.md: the simulator imports them, so no FastAPI, SQLAlchemy or network here)."""

@@ -3,7 +3,7 @@
 :func:`choose` takes a snapshot of the instances (:class:`InstanceState`), what the gateway
 knows of the request (:class:`RouteRequest`) and the time, and returns a
 :class:`RouteDecision`. It does no I/O, keeps no state and reads no clock, so the same code
-routes live traffic, unit tests and the cluster simulator (DESIGN.md, principle 1).
+routes live traffic, unit tests and the cluster simulator (docs/architecture.md).
 
 The rules, in order:
 

@@ -1,6 +1,6 @@
 """The policy seam: where admission control and PD planning plug into the simulator.
 
-DESIGN.md: policies are pure functions of observed state and an injected clock, so the
+docs/architecture.md: policies are pure functions of observed state and an injected clock, so the
 simulator runs the same code the control plane runs live. A :class:`SimPolicy` has two
 decisions:
 
