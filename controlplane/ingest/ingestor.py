@@ -379,25 +379,30 @@ class Ingestor:
                 f"the goodput engine failed on this batch ({type(exc).__name__}); "
                 "nothing was marked applied, retry later"
             ) from exc
-        self._after_apply(batch, protocol, header.exporter_id if header else "")
+        num_tokens = self._after_apply(batch, protocol, header.exporter_id if header else "")
         self._count(protocol, "applied", num_bytes)
         self._counts.rejected_records[protocol] += len(screened.rejections)
-        return self._outcome(batch, header, screened.rejections), position
+        return self._outcome(batch, header, screened.rejections, num_tokens), position
 
-    def _after_apply(self, batch: RecordBatch, protocol: str, source: str) -> None:
-        """Tell the listeners and count what the engine just took."""
+    def _after_apply(self, batch: RecordBatch, protocol: str, source: str) -> int:
+        """Tell the listeners and count what the engine just took; its output tokens."""
         for listener in self._listeners:
             try:
                 listener(batch, source)
             except Exception:  # a control loop's bug must not fail ingest
                 self.listener_failures += 1
                 logger.exception("ingest listener %r failed", listener)
+        num_tokens = int(batch.emission_tokens.sum(dtype=np.int64))
         self._counts.records[protocol] += len(batch)
-        self._counts.tokens[protocol] += int(batch.emission_tokens.sum(dtype=np.int64))
+        self._counts.tokens[protocol] += num_tokens
+        return num_tokens
 
     @staticmethod
     def _outcome(
-        batch: RecordBatch, header: BatchHeader | None, rejections: tuple[RecordRejection, ...]
+        batch: RecordBatch,
+        header: BatchHeader | None,
+        rejections: tuple[RecordRejection, ...],
+        num_tokens: int | None = None,
     ) -> IngestOutcome:
         return IngestOutcome(
             duplicate=False,
@@ -406,7 +411,9 @@ class Ingestor:
             num_records=len(batch),
             num_final=int(np.count_nonzero(batch.final)),
             num_emissions=batch.num_emissions,
-            num_tokens=int(batch.emission_tokens.sum(dtype=np.int64)),
+            num_tokens=(
+                int(batch.emission_tokens.sum(dtype=np.int64)) if num_tokens is None else num_tokens
+            ),
             rejections=rejections,
         )
 

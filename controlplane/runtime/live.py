@@ -49,7 +49,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,12 +61,10 @@ from controlplane.ingest import Deduplicator, IngestCollector, Ingestor
 from controlplane.ingest.fleet_log import FLEET_EPOCH, FleetLog
 from controlplane.ingest.replay import replay
 from controlplane.ingest.wal import WalError, WriteAheadLog
+from controlplane.runtime.leadership import Leadership, default_replica_id
 from controlplane.services import rollups as rollup_service
 from controlplane.services import slos as slo_service
 from controlplane.settings import Settings
-
-if TYPE_CHECKING:
-    from controlplane.runtime.leadership import Leadership
 
 __all__ = [
     "MAX_PENDING_ROLLUPS",
@@ -315,9 +312,7 @@ class LiveGoodput:
         if row is not None:
             self.ingestor.dedup.restore(bytes(row.dedup))
         self._fleet_covered = covered
-        records = 0
-        while rows := await asyncio.to_thread(log.read, self.ingestor.fleet_cursor):
-            records += await asyncio.to_thread(self.ingestor.apply_rows, rows, covered=covered)
+        records = await self._catch_up(log)
         self._counts["wal_replayed_records"] += records
         self.ingestor.fleet = log
         logger.info(
@@ -330,15 +325,15 @@ class LiveGoodput:
 
     @property
     def replica_id(self) -> str:
-        from controlplane.runtime.leadership import default_replica_id
-
         return self.settings.replica_id or default_replica_id()
 
     async def read_fleet_log(self) -> int:
         """Apply what the fleet log holds past this replica's cursor; records applied."""
         log = self.ingestor.fleet
-        if log is None:
-            return 0
+        return 0 if log is None else await self._catch_up(log)
+
+    async def _catch_up(self, log: FleetLog) -> int:
+        """Apply ``log``'s rows past the cursor until none is left; records applied."""
         records = 0
         while rows := await asyncio.to_thread(log.read, self.ingestor.fleet_cursor):
             records += await asyncio.to_thread(

@@ -96,8 +96,10 @@ def test_a_refused_value_is_not_applied(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_without_mallopt_it_skips_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
     class NoMallopt:
+        """A C library handle without ``mallopt`` (musl, say): ``CDLL(None)`` opens it."""
+
         def __init__(self, name: object) -> None:
-            pass
+            self.name = name
 
     monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
     assert allocator._mallopt() is None
