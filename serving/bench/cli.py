@@ -31,8 +31,11 @@ import typer
 
 if TYPE_CHECKING:
     from exporters.records import RequestRecord
+    from exporters.slo import Objective
+    from serving.bench.prompts import RequestPlan
+    from serving.bench.runner import BenchRun
 
-__all__ = ["BenchError", "BenchOptions", "bench", "run_bench"]
+__all__ = ["BenchError", "BenchOptions", "bench", "bench_result", "run_bench", "trace_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,57 @@ def _require_engine_extra() -> None:
         )
 
 
+def trace_plan(options: BenchOptions, max_model_len: int) -> RequestPlan:
+    """The requests ``options`` replays (trace, rate scale, window), fitted to
+    ``max_model_len``; :class:`BenchError` when the trace cannot be read or none of its
+    requests arrives within the window."""
+    from serving.bench.prompts import plan_requests
+    from serving.traces import TraceError, load_trace
+
+    try:
+        plan = plan_requests(
+            load_trace(options.trace),
+            rate_scale=options.rate_scale,
+            duration_s=options.duration_s,
+            max_model_len=max_model_len,
+            start_s=options.start_s,
+        )
+    except TraceError as exc:
+        raise BenchError(str(exc)) from None
+    if not len(plan):
+        raise BenchError(
+            f"no request of {options.trace} arrives within {options.duration_s:g} s at "
+            f"{options.rate_scale:g}x; raise --duration or --rate-scale"
+        )
+    return plan
+
+
+def bench_result(
+    options: BenchOptions,
+    plan: RequestPlan,
+    run: BenchRun,
+    objectives: list[Objective],
+    stream: IO[str],
+) -> dict[str, Any]:
+    """``{"summary", "options", "requests"}`` of a finished replay: the summary printed to
+    ``stream``, the whole written to ``options.out`` as JSON when set."""
+    from serving.bench.report import format_summary, per_request, summarize
+
+    summary = summarize(run.records, objectives, run.duration_s)
+    sent_at = dict(zip(run.request_ids, plan.send_s.tolist(), strict=True))
+    result = {
+        "summary": summary,
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
+        "requests": per_request(run.records, sent_at),
+    }
+    print(format_summary(summary), file=stream, flush=True)
+    if options.out is not None:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        print(f"goodput bench: per-request results in {options.out}", file=stream, flush=True)
+    return result
+
+
 def run_bench(
     options: BenchOptions,
     out: IO[str] | None = None,
@@ -137,31 +191,15 @@ def run_bench(
     _require_engine_extra()
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from serving.bench.prompts import PromptFactory, plan_requests
-    from serving.bench.report import format_summary, parse_slo, per_request, summarize
+    from serving.bench.prompts import PromptFactory
+    from serving.bench.report import parse_slo
     from serving.bench.runner import run_plan
-    from serving.traces import TraceError, load_trace
 
     stream = out or sys.stdout
     objectives = parse_slo(options.slo)
     model_dir = _model_dir(options)
     max_len = _max_model_len(options, model_dir)
-    try:
-        trace = load_trace(options.trace)
-        plan = plan_requests(
-            trace,
-            rate_scale=options.rate_scale,
-            duration_s=options.duration_s,
-            max_model_len=max_len,
-            start_s=options.start_s,
-        )
-    except TraceError as exc:
-        raise BenchError(str(exc)) from None
-    if not len(plan):
-        raise BenchError(
-            f"no request of {options.trace} arrives within {options.duration_s:g} s at "
-            f"{options.rate_scale:g}x; raise --duration or --rate-scale"
-        )
+    plan = trace_plan(options, max_len)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoTokenizer
@@ -207,20 +245,7 @@ def run_bench(
         )
     finally:
         bar.close()
-    summary = summarize(run.records, objectives, run.duration_s)
-    result = {
-        "summary": summary,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
-        "requests": per_request(
-            run.records, dict(zip(run.request_ids, plan.send_s.tolist(), strict=True))
-        ),
-    }
-    print(format_summary(summary), file=stream, flush=True)
-    if options.out is not None:
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
-        print(f"goodput bench: per-request results in {options.out}", file=stream, flush=True)
-    return result
+    return bench_result(options, plan, run, objectives, stream)
 
 
 def bench(

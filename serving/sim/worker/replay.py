@@ -19,12 +19,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from serving.sim.worker.prompts import word_prompt
@@ -48,30 +45,13 @@ def run_word_bench(
     """As :func:`serving.bench.cli.run_bench` (same options, same result shape), with word
     prompts instead of a tokenizer's. ``options.tokenizer`` is not used; ``max_model_len``
     defaults to 131 072 (Llama 3.1's context)."""
-    from serving.bench.cli import BenchError
-    from serving.bench.prompts import plan_requests
-    from serving.bench.report import format_summary, parse_slo, per_request, summarize
+    from serving.bench.cli import bench_result, trace_plan
+    from serving.bench.report import parse_slo
     from serving.bench.runner import run_plan
-    from serving.traces import TraceError, load_trace
 
     stream = out or sys.stdout
     objectives = parse_slo(options.slo)
-    max_len = options.max_model_len or DEFAULT_MAX_MODEL_LEN
-    try:
-        plan = plan_requests(
-            load_trace(options.trace),
-            rate_scale=options.rate_scale,
-            duration_s=options.duration_s,
-            max_model_len=max_len,
-            start_s=options.start_s,
-        )
-    except TraceError as exc:
-        raise BenchError(str(exc)) from None
-    if not len(plan):
-        raise BenchError(
-            f"no request of {options.trace} arrives within {options.duration_s:g} s at "
-            f"{options.rate_scale:g}x; raise --duration or --rate-scale"
-        )
+    plan = trace_plan(options, options.max_model_len or DEFAULT_MAX_MODEL_LEN)
     lengths = plan.input_tokens.tolist()
     model = options.model or "llama-3.1-8b"
     print(
@@ -94,18 +74,4 @@ def run_word_bench(
             stop=stop,
         )
     )
-    summary = summarize(run.records, objectives, run.duration_s)
-    result = {
-        "summary": summary,
-        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
-        "requests": per_request(
-            run.records, dict(zip(run.request_ids, plan.send_s.tolist(), strict=True))
-        ),
-        "records": run.records,
-    }
-    print(format_summary(summary), file=stream, flush=True)
-    if options.out is not None:
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        written = {k: v for k, v in result.items() if k != "records"}
-        options.out.write_text(json.dumps(written, indent=1), encoding="utf-8")
-    return result
+    return {**bench_result(options, plan, run, objectives, stream), "records": run.records}
