@@ -111,7 +111,10 @@ def _object(obj: Any, path: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class FleetRegister:
-    """A gateway or worker announcing itself (``POST /api/v1/fleet/register``)."""
+    """A gateway or worker announcing itself (``POST /api/v1/fleet/register``).
+    ``tenant``: the tenant whose pool it serves (its tenant-scoped keys see and command
+    it); ``None``, the default, makes it the cluster's, shared. Sent only when set, so a
+    control plane that predates tenancy still takes the registration."""
 
     id: str
     kind: FleetKind
@@ -120,9 +123,10 @@ class FleetRegister:
     role: PoolRole = PoolRole.BOTH
     state: FleetState = FleetState.STARTING
     load: Mapping[str, LoadValue] = field(default_factory=dict)
+    tenant: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "kind": self.kind.value,
             "endpoint": self.endpoint,
@@ -131,6 +135,9 @@ class FleetRegister:
             "state": self.state.value,
             "load": dict(self.load),
         }
+        if self.tenant is not None:
+            body["tenant"] = self.tenant
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,16 +168,20 @@ class FleetMember:
     model: str = ""
     load: Mapping[str, Any] = field(default_factory=dict)
     stale: bool = False
+    tenant: str | None = None
 
     @classmethod
     def from_json(cls, obj: Any, path: str = "member") -> FleetMember:
         obj = _object(obj, path)
         load = obj.get("load", {})
         stale = obj.get("stale", False)
+        tenant = obj.get("tenant")
         if not isinstance(load, Mapping):
             raise FleetError(f"{path}.load", f"must be an object, got {load!r}")
         if not isinstance(stale, bool):
             raise FleetError(f"{path}.stale", f"must be true or false, got {stale!r}")
+        if tenant is not None and not isinstance(tenant, str):
+            raise FleetError(f"{path}.tenant", f"must be a string or null, got {tenant!r}")
         return cls(
             id=_text(obj, "id", path),
             kind=_enum(obj, "kind", FleetKind, path),
@@ -180,6 +191,7 @@ class FleetMember:
             model=_text(obj, "model", path, ""),
             load=dict(load),
             stale=stale,
+            tenant=tenant,
         )
 
 

@@ -36,7 +36,6 @@ __all__ = [
     "Admin",
     "Agent",
     "ClusterOperator",
-    "ClusterViewer",
     "DatabaseDep",
     "Ingest",
     "LiveDep",
@@ -177,14 +176,16 @@ SummaryDep = Annotated[SharedSummary, Depends(get_summary)]
 
 
 def _cluster_wide(role: KeyRole) -> Callable[[Principal], Awaitable[Principal]]:
-    """``require(role)``, for a key acting on every tenant: fleet members, commands and
-    automation belong to the cluster, not to a tenant, so a tenant-scoped key gets 403."""
+    """``require(role)``, for a key acting on every tenant: the planner's switch (pause,
+    resume) and a tick now act on the whole fleet, so a tenant-scoped key gets 403. (Fleet
+    members, commands, pins and moves take the key's tenant instead: the routes pass
+    ``principal.tenant`` to the services, docs/api.md.)"""
 
     async def cluster_wide(principal: Principal) -> Principal:
         if principal.tenant is not None:
             raise ForbiddenError(
-                "this route acts on the whole cluster (fleet, commands, automation); key "
-                f"{principal.name!r} is scoped to tenant {principal.tenant!r}"
+                "this route acts on the whole cluster (the planner's pause, resume and tick); "
+                f"key {principal.name!r} is scoped to tenant {principal.tenant!r}"
             )
         return principal
 
@@ -205,5 +206,4 @@ Operator = Annotated[Principal, Depends(require(KeyRole.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(KeyRole.ADMIN))]
 Ingest = Annotated[Principal, Depends(require(KeyRole.INGEST))]
 Agent = Annotated[Principal, Depends(require(KeyRole.AGENT))]
-ClusterViewer = Annotated[Principal, Depends(_cluster_wide(KeyRole.VIEWER))]
 ClusterOperator = Annotated[Principal, Depends(_cluster_wide(KeyRole.OPERATOR))]

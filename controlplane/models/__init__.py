@@ -52,4 +52,4 @@ __all__ = [
     "WalCheckpoint",
 ]
 
-SCHEMA_REVISION = "0009_fleet_log"
+SCHEMA_REVISION = "0010_fleet_member_tenant"

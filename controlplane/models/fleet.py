@@ -18,7 +18,9 @@ __all__ = ["Command", "FleetMember"]
 
 class FleetMember(Base):
     """A gateway or worker, identified by the id its agent chose; ``load`` is the latest
-    heartbeat's load report (opaque to the registry, read by the planner)."""
+    heartbeat's load report (opaque to the registry, read by the planner). ``tenant``: the
+    tenant whose pool it serves, as its agent registered it (``None``: the cluster's, shared);
+    a tenant-scoped key reaches only its tenant's members (docs/api.md)."""
 
     __tablename__ = "fleet_member"
 
@@ -33,6 +35,7 @@ class FleetMember(Base):
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     load: Mapped[dict[str, Any]] = mapped_column(JSONDoc, default=dict)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    tenant: Mapped[str | None] = mapped_column(sa.String(200), default=None, index=True)
 
     commands: Mapped[list[Command]] = relationship(
         back_populates="member", lazy="raise", passive_deletes=True

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from controlplane.schemas.common import WireModel
+from controlplane.schemas.common import Label, WireModel
 from exporters.fleet import FleetKind, FleetState, PoolRole
 
 __all__ = [
@@ -77,7 +77,9 @@ Load = Annotated[
 
 
 class FleetRegister(WireModel):
-    """An agent announcing its gateway or worker. Registering again updates the entry."""
+    """An agent announcing its gateway or worker. Registering again updates the entry.
+    ``tenant``: the tenant whose pool the member serves (validated as a key's tenant);
+    without one the member is the cluster's, shared by every tenant."""
 
     id: MemberId
     kind: FleetKind
@@ -86,6 +88,7 @@ class FleetRegister(WireModel):
     role: PoolRole = PoolRole.BOTH
     state: FleetState = FleetState.STARTING
     load: Load = Field(default_factory=dict)
+    tenant: Label | None = None
 
 
 class FleetHeartbeat(WireModel):
@@ -96,7 +99,8 @@ class FleetHeartbeat(WireModel):
 
 
 class FleetMemberPublic(BaseModel):
-    """``stale`` is true when no heartbeat arrived within the heartbeat timeout."""
+    """``stale`` is true when no heartbeat arrived within the heartbeat timeout; ``tenant``
+    is ``None`` for a member of the cluster (shared)."""
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -109,6 +113,7 @@ class FleetMemberPublic(BaseModel):
     last_heartbeat_at: datetime | None
     load: dict[str, Any]
     registered_at: datetime
+    tenant: str | None = None
     stale: bool = False
 
 

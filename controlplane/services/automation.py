@@ -13,6 +13,9 @@ the observed effect is recorded on the move and beside each command's prediction
 Pausing, resuming, pinning, unpinning and starting a move are audited
 (``automation.pause``, ``automation.resume``, ``role.pin``, ``role.unpin``,
 ``move.start``), as is every command issued (``command.issue``).
+
+Reads that take ``tenant`` (a key's tenant scope; ``None``: every member) keep to the pins
+and moves of that tenant's members (``controlplane.services.fleet``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from controlplane.models import (
 from controlplane.schemas.automation import AutomationPublic, MovePublic, PinPublic
 from controlplane.services import audit
 from controlplane.services.commands import issue_for_move
-from controlplane.services.fleet import get_member
+from controlplane.services.fleet import get_member, tenant_members
 from exporters.commands import CommandKind
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "record_observed",
     "set_paused",
     "start_move",
+    "tenant_moves",
     "unpin",
 ]
 
@@ -114,8 +118,11 @@ async def set_paused(
     return row
 
 
-async def list_pins(session: AsyncSession) -> list[RolePin]:
-    return list(await session.scalars(sa.select(RolePin).order_by(RolePin.member_id)))
+async def list_pins(session: AsyncSession, *, tenant: str | None = None) -> list[RolePin]:
+    query = sa.select(RolePin).order_by(RolePin.member_id)
+    if tenant is not None:
+        query = query.where(RolePin.member_id.in_(tenant_members(tenant)))
+    return list(await session.scalars(query))
 
 
 def _pin_json(pin_row: RolePin) -> dict[str, Any]:
@@ -333,15 +340,40 @@ async def record_observed(session: AsyncSession, move: RoleMove, observed: dict[
     await session.flush()
 
 
-async def count_open_moves(session: AsyncSession) -> int:
+def _of_tenant(tenant: str | None) -> list[sa.ColumnElement[bool]]:
+    return [] if tenant is None else [RoleMove.member_id.in_(tenant_members(tenant))]
+
+
+async def count_open_moves(session: AsyncSession, *, tenant: str | None = None) -> int:
     count = await session.scalar(
-        sa.select(sa.func.count()).select_from(RoleMove).where(RoleMove.state.in_(OPEN_MOVES))
+        sa.select(sa.func.count())
+        .select_from(RoleMove)
+        .where(RoleMove.state.in_(OPEN_MOVES), *_of_tenant(tenant))
     )
     return int(count or 0)
 
 
-async def get_move(session: AsyncSession, move_id: uuid.UUID) -> RoleMove:
-    move = await session.get(RoleMove, move_id)
+async def tenant_moves(
+    session: AsyncSession, move_ids: list[uuid.UUID], *, tenant: str
+) -> list[uuid.UUID]:
+    """Those of ``move_ids`` that move one of ``tenant``'s members, in their order."""
+    if not move_ids:
+        return []
+    ours = set(
+        await session.scalars(
+            sa.select(RoleMove.id).where(RoleMove.id.in_(move_ids), *_of_tenant(tenant))
+        )
+    )
+    return [move_id for move_id in move_ids if move_id in ours]
+
+
+async def get_move(
+    session: AsyncSession, move_id: uuid.UUID, *, tenant: str | None = None
+) -> RoleMove:
+    """The move ``move_id``; not found too when its member is not ``tenant``'s."""
+    move = await session.scalar(
+        sa.select(RoleMove).where(RoleMove.id == move_id, *_of_tenant(tenant))
+    )
     if move is None:
         raise NotFoundError(f"role move {str(move_id)!r} not found")
     return move
@@ -354,9 +386,11 @@ async def list_moves(
     member_id: str | None,
     limit: int,
     offset: int,
+    tenant: str | None = None,
 ) -> tuple[list[RoleMove], int]:
-    """One page of moves, newest first, and the number matching."""
-    conditions: list[sa.ColumnElement[bool]] = []
+    """One page of moves, newest first, and the number matching; with ``tenant``, of the
+    moves of that tenant's members only."""
+    conditions = _of_tenant(tenant)
     if state is not None:
         conditions.append(RoleMove.state == state)
     if member_id is not None:

@@ -33,10 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from controlplane.errors import ConflictError, InvalidInputError, NotFoundError
-from controlplane.models import Command, CommandState
+from controlplane.models import Command, CommandState, FleetMember
 from controlplane.schemas.commands import AckWire, CommandIssue, CommandPublic
 from controlplane.services import audit
-from controlplane.services.fleet import get_member
+from controlplane.services.fleet import get_member, tenant_members, visible
 from exporters.commands import Command as WireCommand
 from exporters.commands import CommandAck, CommandError, CommandKind, command_to_json
 
@@ -168,8 +168,16 @@ async def _audit(
     )
 
 
-async def get_command(session: AsyncSession, command_id: uuid.UUID) -> Command:
+async def get_command(
+    session: AsyncSession, command_id: uuid.UUID, *, tenant: str | None = None
+) -> Command:
+    """The command ``command_id``; not found too when its target is not ``tenant``'s
+    (a scoped key reads only the commands of its tenant's members)."""
     command = await session.get(Command, command_id)
+    if command is not None and tenant is not None:
+        member = await session.get(FleetMember, command.target)
+        if member is None or not visible(member, tenant):
+            command = None
     if command is None:
         raise NotFoundError(f"command {str(command_id)!r} not found")
     return command
@@ -397,10 +405,18 @@ class CommandFilter:
 
 
 async def list_commands(
-    session: AsyncSession, where: CommandFilter, *, limit: int, offset: int
+    session: AsyncSession,
+    where: CommandFilter,
+    *,
+    limit: int,
+    offset: int,
+    tenant: str | None = None,
 ) -> tuple[list[Command], int]:
-    """One page of commands, newest first, and the number matching."""
+    """One page of commands, newest first, and the number matching; with ``tenant``, of
+    the commands whose target is one of that tenant's members only."""
     conditions: list[sa.ColumnElement[bool]] = []
+    if tenant is not None:
+        conditions.append(Command.target.in_(tenant_members(tenant)))
     if where.target is not None:
         conditions.append(Command.target == where.target)
     if where.state is not None:

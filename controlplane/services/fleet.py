@@ -4,6 +4,12 @@ Registration and state changes are audited; a heartbeat that only refreshes the 
 not (agents beat every few seconds: auditing that would drown the log). ``stale`` members
 (no heartbeat within the timeout) are reported as such, not deleted: a member that comes
 back simply beats again.
+
+**Tenancy.** A member registered with a ``tenant`` serves that tenant's pool; one without
+is the cluster's (shared). Functions that take ``tenant`` (the caller's key scope;
+``None``: a cluster key, every member) keep a tenant-scoped key to its tenant's members:
+reads treat another's member as absent (404), :func:`act_on` refuses to act on it (403,
+naming why: shared, or another tenant's).
 """
 
 from __future__ import annotations
@@ -15,19 +21,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.errors import NotFoundError
+from controlplane.errors import ForbiddenError, NotFoundError
 from controlplane.models import FleetKind, FleetMember, FleetState, PoolRole
 from controlplane.schemas.fleet import FleetHeartbeat, FleetMemberPublic, FleetRegister
 from controlplane.services import audit
 
 __all__ = [
     "FleetFilter",
+    "act_on",
+    "check_acts_on",
     "get_member",
     "heartbeat",
     "is_stale",
     "list_members",
     "member_public",
     "register",
+    "tenant_members",
+    "visible",
 ]
 
 
@@ -66,6 +76,7 @@ async def register(
     member.role = data.role
     member.state = data.state
     member.load = dict(data.load)
+    member.tenant = data.tenant
     member.last_heartbeat_at = now
     await session.flush()
     await audit.record(
@@ -81,10 +92,50 @@ async def register(
     return member, created
 
 
-async def get_member(session: AsyncSession, member_id: str) -> FleetMember:
+def visible(member: FleetMember, tenant: str | None) -> bool:
+    """Whether a key scoped to ``tenant`` (``None``: every tenant) reaches ``member``."""
+    return tenant is None or member.tenant == tenant
+
+
+def tenant_members(tenant: str) -> sa.Select[str]:
+    """The ids of ``tenant``'s members, for ``IN`` conditions on what refers to them."""
+    return sa.select(FleetMember.id).where(FleetMember.tenant == tenant)
+
+
+async def get_member(
+    session: AsyncSession, member_id: str, *, tenant: str | None = None
+) -> FleetMember:
+    """The member ``member_id``; a :class:`NotFoundError` when there is none, or when it is
+    not ``tenant``'s (a scoped key does not learn that another tenant's member exists)."""
     member = await session.get(FleetMember, member_id)
-    if member is None:
+    if member is None or not visible(member, tenant):
         raise NotFoundError(f"fleet member {member_id!r} not found; register it first")
+    return member
+
+
+def check_acts_on(member: FleetMember, *, tenant: str | None, key: str) -> None:
+    """Raise :class:`ForbiddenError` unless a key scoped to ``tenant`` (named ``key``) may
+    act on ``member``: a cluster key acts on every member, a tenant key on its tenant's."""
+    if visible(member, tenant):
+        return
+    whose = (
+        "the cluster's (shared, registered without a tenant)"
+        if member.tenant is None
+        else "another tenant's"
+    )
+    raise ForbiddenError(
+        f"fleet member {member.id!r} is {whose}; key {key!r} is scoped to tenant "
+        f"{tenant!r} and acts only on that tenant's members"
+    )
+
+
+async def act_on(
+    session: AsyncSession, member_id: str, *, tenant: str | None, key: str
+) -> FleetMember:
+    """The member a key scoped to ``tenant`` acts on (a command, a pin, a move): 404 when
+    there is none, 403 when it is not the tenant's (:func:`check_acts_on`)."""
+    member = await get_member(session, member_id)
+    check_acts_on(member, tenant=tenant, key=key)
     return member
 
 
@@ -122,10 +173,18 @@ class FleetFilter:
 
 
 async def list_members(
-    session: AsyncSession, where: FleetFilter, *, limit: int, offset: int
+    session: AsyncSession,
+    where: FleetFilter,
+    *,
+    limit: int,
+    offset: int,
+    tenant: str | None = None,
 ) -> tuple[list[FleetMember], int]:
-    """One page of members ordered by id, and the number matching."""
+    """One page of members ordered by id, and the number matching; with ``tenant``, of
+    that tenant's members only."""
     conditions: list[sa.ColumnElement[bool]] = []
+    if tenant is not None:
+        conditions.append(FleetMember.tenant == tenant)
     if where.kind is not None:
         conditions.append(FleetMember.kind == where.kind)
     if where.model is not None:

@@ -1,7 +1,12 @@
 """Automation routes under ``/api/v1/automation``: operators pause and resume the planner,
 pin roles, move an instance by hand and run a tick now; viewers read the state, the pins
 and the role moves (with their commands' ids, evidence, prediction and observed effect).
-Every change is audited (``controlplane.services.automation``)."""
+Every change is audited (``controlplane.services.automation``).
+
+A tenant-scoped key reads the pins and moves of its tenant's members only (another's move is
+a 404), and an operator's pins, unpins and moves only them (403 for a shared or another
+tenant's member); the planner's switch and a tick now act on the whole fleet: cluster keys
+only (``ClusterOperator``)."""
 
 from __future__ import annotations
 
@@ -12,16 +17,17 @@ from fastapi import APIRouter, Body, Query, Response, status
 
 from controlplane.api.deps import (
     ClusterOperator,
-    ClusterViewer,
+    Operator,
     PlannerDep,
     SessionDep,
     SettingsDep,
+    Viewer,
 )
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
 from controlplane.errors import ConflictError, UnavailableError
-from controlplane.models import MoveState, PoolRole, RoleMove
+from controlplane.models import FleetMember, MoveState, PoolRole, RoleMove
 from controlplane.schemas.automation import (
     AutomationPublic,
     AutomationStatus,
@@ -36,7 +42,7 @@ from controlplane.schemas.automation import (
 from controlplane.schemas.common import responses
 from controlplane.schemas.fleet import MEMBER_ID_PATTERN
 from controlplane.services import automation as service
-from controlplane.services.fleet import get_member
+from controlplane.services import fleet
 
 __all__ = ["router"]
 
@@ -48,17 +54,25 @@ MemberFilter = Annotated[
 
 @router.get("")
 async def read_automation(
-    _: ClusterViewer, session: SessionDep, runtime: PlannerDep, settings: SettingsDep
+    principal: Viewer, session: SessionDep, runtime: PlannerDep, settings: SettingsDep
 ) -> AutomationStatus:
     """The planner's switch, whether its loop runs here, the pins, the moves in progress and
-    what the last tick did."""
+    what the last tick did. A tenant-scoped key sees the switch and the last tick's time,
+    reason and plan evidence as they are (they are the whole fleet's), and of the pins, the
+    moves in progress and the moves the tick started only its tenant's."""
+    tenant = principal.tenant
+    last_tick = None if runtime is None else runtime.last_tick
+    if last_tick is not None and tenant is not None:
+        ours = await service.tenant_moves(session, last_tick.moves_started, tenant=tenant)
+        last_tick = last_tick.model_copy(update={"moves_started": ours})
+    pins = await service.list_pins(session, tenant=tenant)
     return AutomationStatus(
         planner=service.automation_public(await service.get_state(session)),
         enabled=runtime is not None,
         interval_s=settings.planner_interval_s,
-        pins=[PinPublic.model_validate(p) for p in await service.list_pins(session)],
-        open_moves=await service.count_open_moves(session),
-        last_tick=None if runtime is None else runtime.last_tick,
+        pins=[PinPublic.model_validate(p) for p in pins],
+        open_moves=await service.count_open_moves(session, tenant=tenant),
+        last_tick=last_tick,
     )
 
 
@@ -67,7 +81,8 @@ async def pause(
     principal: ClusterOperator, session: SessionDep, body: Annotated[PauseBody, Body()]
 ) -> AutomationPublic:
     """Pause the planner: from its next tick it issues no command at all (moves in progress
-    wait where they are) until resumed."""
+    wait where they are) until resumed. Cluster keys only (a tenant's operator pins its
+    members instead)."""
     row = await service.set_paused(
         session, paused=True, reason=body.reason, actor=principal.actor, now=utcnow()
     )
@@ -85,8 +100,9 @@ async def resume(
 
 
 @router.get("/pins")
-async def list_pins(_: ClusterViewer, session: SessionDep) -> list[PinPublic]:
-    return [PinPublic.model_validate(p) for p in await service.list_pins(session)]
+async def list_pins(principal: Viewer, session: SessionDep) -> list[PinPublic]:
+    pins = await service.list_pins(session, tenant=principal.tenant)
+    return [PinPublic.model_validate(p) for p in pins]
 
 
 @router.put(
@@ -94,14 +110,15 @@ async def list_pins(_: ClusterViewer, session: SessionDep) -> list[PinPublic]:
     responses={201: {"model": PinPublic, "description": "Pinned"}, **responses(404)},
 )
 async def pin(
-    principal: ClusterOperator,
+    principal: Operator,
     session: SessionDep,
     response: Response,
     member_id: MemberId,
     body: Annotated[PinBody, Body()],
 ) -> PinPublic:
     """Pin a member's role (200 when it was pinned already, 201 when new): the planner never
-    moves it."""
+    moves it. A tenant-scoped key pins its tenant's members only."""
+    await fleet.act_on(session, member_id, tenant=principal.tenant, key=principal.name)
     row, created = await service.pin(
         session, member_id, body.role, reason=body.reason, actor=principal.actor, now=utcnow()
     )
@@ -111,7 +128,10 @@ async def pin(
 
 
 @router.delete("/pins/{member_id}", status_code=204, responses=responses(404))
-async def unpin(principal: ClusterOperator, session: SessionDep, member_id: MemberId) -> Response:
+async def unpin(principal: Operator, session: SessionDep, member_id: MemberId) -> Response:
+    member = await session.get(FleetMember, member_id)
+    if member is not None:  # without a member there is no pin either: the service's 404
+        fleet.check_acts_on(member, tenant=principal.tenant, key=principal.name)
     await service.unpin(session, member_id, actor=principal.actor, now=utcnow())
     return Response(status_code=204)
 
@@ -123,7 +143,7 @@ async def _public(session: SessionDep, move: RoleMove) -> MovePublic:
 @router.get("/moves")
 async def list_moves(
     *,
-    _: ClusterViewer,
+    principal: Viewer,
     session: SessionDep,
     state: MoveState | None = None,
     member_id: MemberFilter | None = None,
@@ -131,14 +151,20 @@ async def list_moves(
     offset: Offset = 0,
 ) -> MovesPublic:
     rows, count = await service.list_moves(
-        session, state=state, member_id=member_id, limit=limit, offset=offset
+        session,
+        state=state,
+        member_id=member_id,
+        limit=limit,
+        offset=offset,
+        tenant=principal.tenant,
     )
     return MovesPublic(data=[await _public(session, m) for m in rows], count=count)
 
 
 @router.get("/moves/{move_id}", responses=responses(404))
-async def read_move(_: ClusterViewer, session: SessionDep, move_id: uuid.UUID) -> MovePublic:
-    return await _public(session, await service.get_move(session, move_id))
+async def read_move(principal: Viewer, session: SessionDep, move_id: uuid.UUID) -> MovePublic:
+    move = await service.get_move(session, move_id, tenant=principal.tenant)
+    return await _public(session, move)
 
 
 @router.post(
@@ -150,7 +176,7 @@ async def read_move(_: ClusterViewer, session: SessionDep, move_id: uuid.UUID) -
     },
 )
 async def create_move(
-    principal: ClusterOperator,
+    principal: Operator,
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
@@ -159,7 +185,10 @@ async def create_move(
     """Move a worker to another pool by hand: ``drain``, then ``set_role`` and ``resume``
     (the planner's tick carries it on; 201). The same ``id`` and body again answer the
     stored move (200); another body with that id, a pinned member or one already moving is
-    a 409; an unknown member a 404."""
+    a 409; an unknown member a 404. A tenant-scoped key moves its tenant's members only
+    (403 for a shared or another tenant's member)."""
+    if principal.tenant is not None:
+        await fleet.act_on(session, body.member_id, tenant=principal.tenant, key=principal.name)
     if body.id is not None:
         existing = await session.get(RoleMove, body.id)
         if existing is not None:
@@ -171,7 +200,7 @@ async def create_move(
                 )
             response.status_code = status.HTTP_200_OK
             return await _public(session, existing)
-    member = await get_member(session, body.member_id)
+    member = await fleet.get_member(session, body.member_id)
     if member.role.value == body.role.value:
         raise ConflictError(f"fleet member {member.id!r} already has role {body.role.value!r}")
     timings = service.MoveTimings(

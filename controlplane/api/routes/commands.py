@@ -1,6 +1,7 @@
 """Command routes: agents poll and acknowledge their commands under ``/api/v1/fleet``
 (role ``agent``, the client side is ``serving.workers.agent``); operators issue commands and
-viewers read them under ``/api/v1/commands``."""
+viewers read them under ``/api/v1/commands`` (a tenant-scoped key to and of its tenant's
+members only)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
 
-from controlplane.api.deps import Agent, ClusterOperator, ClusterViewer, SessionDep
+from controlplane.api.deps import Agent, Operator, SessionDep, Viewer
 from controlplane.api.routes._params import Limit, Offset
 from controlplane.api.routes.fleet import MemberId
 from controlplane.db import utcnow
@@ -24,7 +25,7 @@ from controlplane.schemas.commands import (
 )
 from controlplane.schemas.common import responses
 from controlplane.schemas.fleet import MEMBER_ID_PATTERN
-from controlplane.services import agents
+from controlplane.services import agents, fleet
 from controlplane.services import commands as service
 from exporters.commands import CommandKind
 
@@ -78,13 +79,16 @@ async def ack_command(
     },
 )
 async def issue_command(
-    principal: ClusterOperator,
+    principal: Operator,
     session: SessionDep,
     response: Response,
     body: Annotated[CommandIssue, Body()],
 ) -> CommandPublic:
     """Issue a command to a fleet member (201); the same ``id`` and body again answers the
-    stored command (200), the same ``id`` with another body is a 409."""
+    stored command (200), the same ``id`` with another body is a 409. A tenant-scoped key
+    commands its tenant's members only (403 for a shared or another tenant's member)."""
+    if principal.tenant is not None:
+        await fleet.act_on(session, body.target, tenant=principal.tenant, key=principal.name)
     command, created = await service.issue(session, body, actor=principal.actor, now=utcnow())
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -94,7 +98,7 @@ async def issue_command(
 @commands_router.get("")
 async def list_commands(
     *,
-    _: ClusterViewer,
+    principal: Viewer,
     session: SessionDep,
     target: TargetFilter | None = None,
     state: CommandState | None = None,
@@ -105,15 +109,18 @@ async def list_commands(
     where = service.CommandFilter(
         target=target, state=state, kind=None if kind is None else kind.value
     )
-    rows, count = await service.list_commands(session, where, limit=limit, offset=offset)
+    rows, count = await service.list_commands(
+        session, where, limit=limit, offset=offset, tenant=principal.tenant
+    )
     return CommandsPublic(data=[service.command_public(c) for c in rows], count=count)
 
 
 @commands_router.get("/{command_id}", responses=responses(404))
 async def read_command(
-    _: ClusterViewer, session: SessionDep, command_id: uuid.UUID
+    principal: Viewer, session: SessionDep, command_id: uuid.UUID
 ) -> CommandPublic:
-    return service.command_public(await service.get_command(session, command_id))
+    command = await service.get_command(session, command_id, tenant=principal.tenant)
+    return service.command_public(command)
 
 
 # One router for create_app: both halves share the service and the tag.

@@ -1,6 +1,6 @@
 """Fleet routes (``/api/v1/fleet``): agents register and beat (role ``agent``, each key for
-the members it registered: ``controlplane.services.agents``); viewers list (keys of every
-tenant: the fleet is the cluster's)."""
+the members it registered: ``controlplane.services.agents``); viewers list and read (a
+tenant-scoped key its tenant's members only: others are absent from the list and 404)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from controlplane.api.deps import Agent, ClusterViewer, SessionDep, SettingsDep
+from controlplane.api.deps import Agent, SessionDep, SettingsDep, Viewer
 from controlplane.api.routes._params import FilterText, Limit, Offset
 from controlplane.db import utcnow
 from controlplane.models import FleetKind, FleetState, PoolRole
@@ -60,7 +60,7 @@ async def heartbeat(
 @router.get("")
 async def list_fleet(
     *,
-    _: ClusterViewer,
+    principal: Viewer,
     session: SessionDep,
     settings: SettingsDep,
     kind: FleetKind | None = None,
@@ -71,7 +71,9 @@ async def list_fleet(
     offset: Offset = 0,
 ) -> FleetMembersPublic:
     where = service.FleetFilter(kind=kind, model=model, role=role, state=state)
-    rows, count = await service.list_members(session, where, limit=limit, offset=offset)
+    rows, count = await service.list_members(
+        session, where, limit=limit, offset=offset, tenant=principal.tenant
+    )
     now = utcnow()
     timeout_s = settings.fleet_heartbeat_timeout_s
     return FleetMembersPublic(
@@ -81,7 +83,7 @@ async def list_fleet(
 
 @router.get("/{member_id}", responses=responses(404))
 async def read_member(
-    _: ClusterViewer, session: SessionDep, settings: SettingsDep, member_id: MemberId
+    principal: Viewer, session: SessionDep, settings: SettingsDep, member_id: MemberId
 ) -> FleetMemberPublic:
-    member = await service.get_member(session, member_id)
+    member = await service.get_member(session, member_id, tenant=principal.tenant)
     return service.member_public(member, now=utcnow(), timeout_s=settings.fleet_heartbeat_timeout_s)
