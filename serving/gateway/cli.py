@@ -67,6 +67,9 @@ def gateway(
         ),
     ] = None,
     gateway_id: Annotated[str | None, typer.Option(help="fleet id and exporter id")] = None,
+    fleet_tenant: Annotated[
+        str | None, typer.Option(help="tenant whose pool this gateway serves (fleet registry)")
+    ] = None,
     api_keys: Annotated[
         Path | None, typer.Option(help="YAML mapping of client API key to tenant")
     ] = None,
@@ -149,6 +152,7 @@ def gateway(
             agent_key=agent_key,
             ingest_key=ingest_key,
             viewer_key=viewer_key,
+            fleet_tenant=fleet_tenant,
             api_keys=_api_keys(api_keys),
             default_tenant=default_tenant,
             chunk_timeout_s=chunk_timeout,

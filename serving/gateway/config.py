@@ -54,7 +54,8 @@ class GatewayConfig:
     ``api_keys`` maps a client API key to its tenant; when it is empty the gateway accepts
     any key (or none) and labels requests with ``default_tenant``. With a control plane,
     ``agent_key`` registers the gateway in the fleet, ``ingest_key`` ships its records and
-    ``viewer_key`` (default: ``agent_key``) reads the fleet registry.
+    ``viewer_key`` (default: ``agent_key``) reads the fleet registry. ``fleet_tenant``: the
+    tenant whose pool the gateway serves, sent when it registers (``None``: the cluster's).
 
     Timeouts: ``connect_timeout_s`` to open a connection; ``prefill_timeout_s`` for the
     whole prefill call; ``first_token_timeout_s`` until the decode instance answers;
@@ -81,6 +82,7 @@ class GatewayConfig:
     ingest_key: str | None = None
     viewer_key: str | None = None
     gateway_id: str = field(default_factory=lambda: f"gateway-{uuid.uuid4().hex[:8]}")
+    fleet_tenant: str | None = None
     api_keys: Mapping[str, str] = field(default_factory=dict)
     default_tenant: str = ""
     connect_timeout_s: float = 2.0

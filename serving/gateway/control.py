@@ -214,6 +214,7 @@ class ControlPlaneLink:
                     role=PoolRole.BOTH,
                     state=FleetState.READY,
                     load=load,
+                    tenant=config.fleet_tenant,
                 )
                 response = await self._client.post(
                     f"{FLEET_PATH}/register", json=register.to_json(), headers=headers

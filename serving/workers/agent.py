@@ -59,7 +59,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     """Where the control plane is and who this worker is. ``member_id`` is also the target
-    name commands use (default in the CLI: ``host:port``)."""
+    name commands use (default in the CLI: ``host:port``). ``tenant``: the tenant whose
+    pool the worker serves, sent when it registers (its tenant-scoped keys then see and
+    command it); ``None``: the cluster's, shared."""
 
     url: str
     member_id: str
@@ -71,6 +73,7 @@ class AgentSettings:
     timeout_s: float = 5.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -223,6 +226,7 @@ class Agent:
             role=report.role,
             state=report.state,
             load=report.load,
+            tenant=self.settings.tenant,
         )
         _check(self._client.post(f"{FLEET_PATH}/register", json=body.to_json()), "register")
         self._registered_role = report.role

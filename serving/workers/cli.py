@@ -90,6 +90,9 @@ def worker(
         str | None, typer.Option(help="API key with role ingest, for the engine's records")
     ] = None,
     member_id: Annotated[str | None, typer.Option(help="fleet id; default host:port")] = None,
+    fleet_tenant: Annotated[
+        str | None, typer.Option(help="tenant whose pool this worker serves (fleet registry)")
+    ] = None,
     advertise_url: Annotated[str | None, typer.Option(help="URL others reach it at")] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="TMPDIR/cache/log folder; default a temporary one")
@@ -199,6 +202,7 @@ def worker(
                 endpoint=advertise_url or spec.url,
                 model=spec.model_name,
                 heartbeat_interval_s=heartbeat_interval_s,
+                tenant=fleet_tenant,
             )
         relabeler = None
         if kubernetes_relabel and not print_plan:

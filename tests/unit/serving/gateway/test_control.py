@@ -92,6 +92,14 @@ async def test_registers_beats_and_registers_again_when_forgotten() -> None:
     await control.stop()
 
 
+async def test_registers_with_the_tenant_whose_pool_it_serves() -> None:
+    cp = FakeControlPlane()
+    _, control = link(cp, agent_key="agent", fleet_tenant="acme")
+    assert await control.beat()
+    assert cp.bodies[0]["tenant"] == "acme"
+    await control.stop()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

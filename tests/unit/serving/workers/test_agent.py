@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 
 from exporters.commands import Command, CommandKind, command_to_json
+from exporters.fleet import FleetState, PoolRole
 from serving.workers import Agent, AgentReport, AgentSettings
 
 MEMBER = "127.0.0.1:8100"
@@ -68,7 +70,8 @@ class Worker:
         self.applied: list[CommandKind] = []
 
     def report(self) -> AgentReport:
-        return AgentReport(role=self.role, state="ready", load={"num_requests_running": 1})
+        role, state = PoolRole(self.role), FleetState.READY
+        return AgentReport(role=role, state=state, load={"num_requests_running": 1})
 
     def apply(self, kind: CommandKind, payload: Mapping[str, Any]) -> str:
         self.applied.append(kind)
@@ -102,6 +105,18 @@ def test_registers_then_beats_with_state_and_load() -> None:
     stats = a.stats()
     assert (stats.registered, stats.num_registrations, stats.num_heartbeats) == (True, 1, 1)
     assert stats.commands_supported is False  # the command route answered 404
+
+
+def test_registers_with_the_tenant_whose_pool_it_serves() -> None:
+    plane, worker = FakeControlPlane(), Worker()
+    settings = dataclasses.replace(SETTINGS, tenant="acme")
+    a = Agent(
+        settings, report=worker.report, apply=worker.apply, transport=httpx.MockTransport(plane)
+    )
+
+    a.step()
+
+    assert plane.members[MEMBER]["tenant"] == "acme"
 
 
 def test_registers_again_when_forgotten_or_when_the_role_changes() -> None:
