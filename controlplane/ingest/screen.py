@@ -105,22 +105,25 @@ def _latest_minute(batch: RecordBatch) -> int:
     return int(finish_seconds(batch).max()) // 60 if len(batch) else -1
 
 
-def _row_max(values: I64, starts: I64, has: B, n: int) -> I64:
-    """Per row, the largest of its emissions' ``values`` (0 for a row without any)."""
+def _row_max(values: npt.NDArray[np.integer], starts: I64, has: B, n: int) -> I64:
+    """Per row, the largest of its emissions' ``values`` (0 for a row without any). Reduced
+    in the values' own dtype: no widened copy of every emission."""
     out = np.zeros(n, dtype=np.int64)
     if has.any():
         out[has] = np.maximum.reduceat(values, starts[:-1][has])
     return out
 
 
-def _checks(batch: RecordBatch, now_s: float) -> list[tuple[str, B, str]]:
-    """``(field, bad rows, reason template)`` in the order the reasons are reported."""
+def _checks(batch: RecordBatch, now_s: float) -> tuple[list[tuple[str, B, str]], I64]:
+    """``(field, bad rows, reason template)`` in the order the reasons are reported, and
+    each row's finish second (:func:`finish_seconds` for the rows whose arrival and
+    offsets are in range, the others' meaningless)."""
     n = len(batch)
     starts, offsets = batch.emission_starts, batch.emission_offsets_us
     has = np.diff(starts) > 0
     arrival = batch.arrival_time_ns
     horizon_ns = int((np.floor(now_s) + FUTURE_TOLERANCE_S + 1) * _NS_PER_S)
-    tokens = _row_max(batch.emission_tokens.astype(np.int64), starts, has, n)
+    tokens = _row_max(batch.emission_tokens, starts, has, n)
     last_us = np.zeros(n, dtype=np.int64)
     last_us[has] = offsets[starts[1:][has] - 1]
     phases = batch.phase_offsets_us
@@ -137,7 +140,7 @@ def _checks(batch: RecordBatch, now_s: float) -> list[tuple[str, B, str]]:
     now_floor = int(np.floor(now_s))
     late = sane & batch.final & (finish_s <= now_floor - LATE_HORIZON_S)
     ahead = sane & batch.final & (finish_s > now_floor + FUTURE_TOLERANCE_S)
-    return [
+    checks = [
         ("arrival_time_ns", arrival < MIN_ARRIVAL_NS, "must be >= {MIN_ARRIVAL_NS} "
          "(2000-01-01T00:00:00Z), got {arrival}"),
         ("arrival_time_ns", arrival >= horizon_ns, "is {ahead_s:.0f} s ahead of the control "
@@ -154,6 +157,7 @@ def _checks(batch: RecordBatch, now_s: float) -> list[tuple[str, B, str]]:
         ("arrival_time_ns", ahead, "the request finishes at {finish_s}, more than "
          f"{FUTURE_TOLERANCE_S} s after the control plane's clock"),
     ]  # fmt: skip
+    return checks, finish_s
 
 
 def _duplicates(batch: RecordBatch) -> B:
@@ -184,14 +188,14 @@ def screen(batch: RecordBatch, now_s: float) -> Screened:
     n = len(batch)
     if n == 0:
         return Screened(batch, ())
-    checks = _checks(batch, now_s)
+    checks, finish_s = _checks(batch, now_s)
     checks.append(("request_id", _duplicates(batch), "a final record of this request and "
                    "vantage comes earlier in the batch; one is counted"))  # fmt: skip
     bad = np.zeros(n, dtype=np.bool_)
     for _, rows, _ in checks:
         bad |= rows
-    if not bad.any():
-        return Screened(batch, (), _latest_minute(batch))
+    if not bad.any():  # every row in range: its finish second is finish_seconds'
+        return Screened(batch, (), int(finish_s.max()) // 60)
     rejections = []
     reported = np.zeros(n, dtype=np.bool_)
     starts = batch.emission_starts
