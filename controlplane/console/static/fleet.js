@@ -38,7 +38,8 @@ async function refresh() {
       api("/fleet?limit=500"), api("/commands?limit=50"), api("/automation")]);
     const pins = new Map(automation.pins.map((p) => [p.member_id, p]));
     fillTable(document.getElementById("members"), members.data, (m) => h("tr", { "data-member": m.id, class: m.stale ? "stale" : "" },
-      h("th", { scope: "row" }, m.id), h("td", {}, m.kind), h("td", {}, m.model || "–"), h("td", {}, m.role),
+      h("th", { scope: "row" }, m.id), h("td", {}, m.kind), h("td", {}, m.model || "–"),
+      h("td", {}, m.tenant ?? "shared"), h("td", {}, m.role),
       h("td", {}, m.stale ? `${m.state} (stale)` : m.state),
       h("td", { class: "num" }, String(m.load.num_requests_running ?? "–")),
       h("td", { class: "num" }, String(m.load.num_requests_waiting ?? "–")),
