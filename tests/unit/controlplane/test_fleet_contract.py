@@ -31,12 +31,14 @@ def test_encoded_messages_validate() -> None:
         role=fleet.PoolRole.DECODE,
         state=fleet.FleetState.READY,
         load={"num_requests_running": 3, "kv_both": True},
+        tenant="acme",
     )
     parsed = FleetRegister.model_validate(register.to_json())
-    assert (parsed.role, parsed.state, parsed.load) == (
+    assert (parsed.role, parsed.state, parsed.load, parsed.tenant) == (
         fleet.PoolRole.DECODE,
         fleet.FleetState.READY,
         {"num_requests_running": 3, "kv_both": True},
+        "acme",
     )
     beat = FleetHeartbeat.model_validate(fleet.FleetHeartbeat(load={"in_flight": 2}).to_json())
     assert beat.state is None and beat.load == {"in_flight": 2}
@@ -53,13 +55,15 @@ def test_listed_members_decode() -> None:
         last_heartbeat_at=datetime(2026, 1, 1, tzinfo=UTC),
         load={},
         registered_at=datetime(2026, 1, 1, tzinfo=UTC),
+        tenant="acme",
         stale=True,
     )
     page = fleet.FleetPage.from_json({"data": [public.model_dump(mode="json")], "count": 1})
     assert page.invalid == ()
     (member,) = page.data
-    assert (member.role, member.state, member.stale) == (
+    assert (member.role, member.state, member.stale, member.tenant) == (
         fleet.PoolRole.PREFILL,
         fleet.FleetState.DRAINING,
         True,
+        "acme",
     )

@@ -41,6 +41,16 @@ def test_register_and_heartbeat_encode() -> None:
     assert FleetHeartbeat(FleetState.DRAINED).to_json() == {"load": {}, "state": "drained"}
 
 
+def test_a_tenant_is_sent_only_when_set_and_decoded_from_the_list() -> None:
+    body = FleetRegister("w0", FleetKind.WORKER, "http://w0:1", tenant="acme").to_json()
+    assert body["tenant"] == "acme"
+    assert "tenant" not in FleetRegister("w0", FleetKind.WORKER, "http://w0:1").to_json()
+    page = FleetPage.from_json({"data": [{**MEMBER, "tenant": "acme"}, MEMBER], "count": 2})
+    assert [m.tenant for m in page.data] == ["acme", None]
+    (error,) = FleetPage.from_json({"data": [{**MEMBER, "tenant": 7}], "count": 1}).invalid
+    assert str(error) == "data[0].tenant: must be a string or null, got 7"
+
+
 def test_a_page_sets_apart_members_that_break_the_contract() -> None:
     bad = {**MEMBER, "id": "w1", "role": "router"}
     page = FleetPage.from_json({"data": [MEMBER, bad], "count": 7})
