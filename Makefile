@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CONSOLE := controlplane/console
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install system-packages demo test test-crosscheck test-unit lint typecheck bench clean
+.PHONY: install system-packages demo test test-crosscheck test-unit test-integration test-faults test-e2e test-vllm test-browser lint typecheck bench clean
 
 # GOODPUT_SKIP_VLLM=1 skips the engine (then the `vllm` test tier cannot run).
 install: system-packages $(VENV)/.stamp-install $(CONSOLE)/static/vendor/.stamp
@@ -52,6 +52,27 @@ test-crosscheck: install
 
 test-unit: install
 	$(BIN)/pytest -q -m "not integration and not e2e and not vllm and not browser and not faults"
+
+# One tier at a time (the markers of pyproject.toml); `make test` runs them all.
+test-integration: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q -m "integration and not e2e and not vllm and not browser and not faults"
+
+test-faults: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q -m faults
+
+test-e2e: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q -m "e2e and not vllm and not browser"
+
+test-vllm: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q -m vllm
+
+test-browser: install
+	bash scripts/ensure_services.sh
+	$(BIN)/pytest -q -m browser
 
 lint: install
 	$(BIN)/ruff check .

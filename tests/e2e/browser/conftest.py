@@ -37,7 +37,9 @@ ARTIFACTS = ROOT / "test-artifacts" / "console"
 AXE = ROOT / "controlplane" / "console" / "node_modules" / "axe-core" / "axe.min.js"
 ROLES = ("admin", "operator", "viewer", "ingest", "agent")
 
-pytestmark = [
+# The marks of the tier: a conftest's own ``pytestmark`` marks nothing, so the test modules
+# set theirs to this.
+BROWSER_TIER = [
     pytest.mark.e2e,
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),

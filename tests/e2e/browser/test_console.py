@@ -17,11 +17,14 @@ from playwright.sync_api import expect
 from exporters.records import Vantage
 from tests.e2e.browser.conftest import (
     ARTIFACTS,
+    BROWSER_TIER,
     ConsoleStack,
     axe_violations,
     shoot,
     sign_in,
 )
+
+pytestmark = BROWSER_TIER
 
 SLO = {
     "name": "chat",
