@@ -5,6 +5,7 @@ members it registered. Every row of the matrix in docs/api.md ("Tenant scope")."
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 
 from controlplane.models import Command, RolePin
+from controlplane.services import automation
 from tests.integration.controlplane.conftest import MakeKey, bearer
 from tests.integration.controlplane.test_fleet_registry import WORKER as FLEET_WORKER
 
@@ -203,6 +205,18 @@ async def test_a_tenant_key_reads_only_its_members_pins_and_moves(
     assert everything["open_moves"] == 3
     all_moves = (await client.get(f"{AUTOMATION}/moves", headers=cluster_viewer)).json()
     assert all_moves["count"] == 3
+
+
+async def test_of_the_moves_a_tick_started_a_tenant_key_sees_its_own(
+    app: FastAPI, fleet: Fleet
+) -> None:
+    """``GET /automation``'s ``last_tick.moves_started``, as a tenant key reads it."""
+    started = [uuid.UUID(fleet.moves[m]) for m in ("beta-0", "acme-0", "shared-0")]
+    started.append(uuid.uuid4())  # a move since gone
+    async with app.state.sessions() as session:
+        ours = await automation.tenant_moves(session, started, tenant="acme")
+        none = await automation.tenant_moves(session, started, tenant="gamma")
+    assert (ours, none) == ([uuid.UUID(fleet.moves["acme-0"])], [])
 
 
 async def test_a_tenant_operator_acts_only_on_its_tenants_members(
