@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     (``wal_fsync``), in ``wal_dir`` (default: beside a SQLite file, else
     ``var/wal/<digest of the database URL>``; see :meth:`wal_path`);
     ``slo_poll_interval_s`` is how often the live engine looks for SLO changes;
+    ``slo_cache_ttl_s`` how long a goodput query trusts the database's answer to which SLO
+    a name means (an SLO changed through another replica is seen within it; 0: no cache;
+    ``controlplane.services.slos_cache``);
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
@@ -93,6 +96,9 @@ class Settings(BaseSettings):
     ingest_dedup_window: int = Field(default=1024, ge=1, le=65_536)
     ingest_max_exporters: int = Field(default=100_000, ge=1)
     slo_poll_interval_s: float = Field(default=1.0, gt=0)
+    # How long an SLO changed through another process keeps its old reference in a goodput
+    # query here (docs/api.md, *Caching*).
+    slo_cache_ttl_s: float = Field(default=1.0, ge=0, le=3600)
     # Durable acknowledgement: the ingest write-ahead log (docs/goodput-engine.md).
     durable_ingest: bool = True
     wal_dir: str | None = None

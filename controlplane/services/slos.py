@@ -12,6 +12,11 @@ to a user; the old one stays reachable by id for audit.
 
 Tenant scope: a caller whose key is scoped to tenant ``T`` sees only SLOs whose selector has
 ``tenant: T`` and may only write such SLOs.
+
+Goodput queries find their SLO through :func:`resolve_slo`, which reads the database's
+answer from the :mod:`~controlplane.services.slos_cache` (``slo_cache_ttl_s``, 1 s): a
+write here clears it (at once and again at its commit), one made by another process is seen
+within the TTL.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane.errors import ConflictError, ForbiddenError, NotFoundError
 from controlplane.goodput.spec import SLOSpec
 from controlplane.models import SLO, SLOVantage, SLOVersion
 from controlplane.schemas.slo import SLOCreate, SLOPublic, SLOUpdate
 from controlplane.services import audit
+from controlplane.services.slos_cache import CachedSLO, slo_cache
 from exporters.records import Vantage
 from exporters.slo import Metric, Objective
 
@@ -42,6 +48,7 @@ __all__ = [
     "list_slos",
     "list_versions",
     "live_specs",
+    "resolve_slo",
     "slo_set_fingerprint",
     "slo_snapshot",
     "to_spec",
@@ -111,6 +118,20 @@ def _label_equals(key: str, value: str) -> sa.ColumnElement[bool]:
     return condition
 
 
+_CLEARS_CACHE = "goodput.clears_slo_cache"
+
+
+def _clear_cache(session: AsyncSession) -> None:
+    """An SLO is being written in ``session``: clear the SLO cache of its database now and
+    once more when the session commits (reads begun before the commit are then refused)."""
+    cache = slo_cache(session.get_bind())
+    cache.clear()
+    sync = session.sync_session
+    if not sync.info.get(_CLEARS_CACHE):
+        sync.info[_CLEARS_CACHE] = True
+        sa.event.listen(sync, "after_commit", lambda _session: cache.clear())
+
+
 async def _write_version(session: AsyncSession, slo: SLO, *, actor: str, now: datetime) -> None:
     session.add(
         SLOVersion(
@@ -146,6 +167,7 @@ async def create_slo(
     _check_tenant(values["selector"], tenant)
     await _ensure_name_free(session, data.name, other_than=None)
     slo = SLO(**values, version=1, created_at=now, updated_at=now)
+    _clear_cache(session)
     session.add(slo)
     await session.flush()
     await _write_version(session, slo, actor=actor, now=now)
@@ -189,6 +211,34 @@ async def get_slo(
         slo = await session.scalar(query)
     if slo is None or (tenant is not None and slo.selector.get("tenant") != tenant):
         kind = "id" if slo_id is not None else "name"
+        raise NotFoundError(f"SLO with {kind} {ref!r} not found")
+    return slo
+
+
+async def resolve_slo(
+    engine: AsyncEngine,
+    ref: str,
+    *,
+    tenant: str | None = None,
+    ttl_s: float | None = None,
+    fresh: bool = False,
+) -> CachedSLO:
+    """The live SLO with id ``ref`` or named ``ref``, as :func:`get_slo` finds it, through
+    the database's SLO cache (at most ``ttl_s`` old, by default the cache's; with ``fresh``,
+    read now). A session
+    is opened only when the cache does not hold ``ref``. Out-of-scope SLOs are not found."""
+
+    async def fetch(key: str) -> CachedSLO | None:
+        async with AsyncSession(engine) as session:
+            try:
+                return CachedSLO.of(await get_slo(session, key))
+            except NotFoundError:
+                return None
+
+    cache = slo_cache(engine, ttl_s=ttl_s)
+    slo = await (cache.read(ref, fetch) if fresh else cache.resolve(ref, fetch))
+    if slo is None or (tenant is not None and slo.tenant != tenant):
+        kind = "id" if _as_uuid(ref) is not None else "name"
         raise NotFoundError(f"SLO with {kind} {ref!r} not found")
     return slo
 
@@ -251,6 +301,7 @@ async def _update(
     if "name" in changed:
         await _ensure_name_free(session, changed["name"], other_than=slo.id)
     before = slo_snapshot(slo)
+    _clear_cache(session)
     for key, value in changed.items():
         setattr(slo, key, value)
     slo.version += 1
@@ -308,6 +359,7 @@ async def delete_slo(
     """Soft-delete a live SLO (a deleted one is not found)."""
     slo = await get_slo(session, ref, tenant=tenant)
     before = slo_snapshot(slo)
+    _clear_cache(session)
     slo.deleted_at = now
     slo.updated_at = now
     slo.version += 1

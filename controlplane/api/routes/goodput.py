@@ -30,7 +30,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import LiveDep, LiveRuntimeDep, SessionDep, SettingsDep, Viewer
+from controlplane.api.deps import DatabaseDep, LiveDep, LiveRuntimeDep, SettingsDep, Viewer
 from controlplane.api.routes._params import Ref
 from controlplane.errors import (
     BadRequestError,
@@ -95,18 +95,30 @@ def _visible(selector: Mapping[str, str], tenant: str | None) -> bool:
 @router.get("/slos/{slo_ref}/goodput", responses={**_BAD_WINDOW, **responses(404)})
 async def slo_goodput(
     principal: Viewer,
-    session: SessionDep,
     live: LiveDep,
     slo_ref: Ref,
+    *,
+    database: DatabaseDep,
+    settings: SettingsDep,
     window: WindowQuery = "1m",
 ) -> GoodputStatsPublic:
     """The SLO's goodput, attainment, error budget, burn rate and latency percentiles."""
     name = _window(window)
-    slo = await slo_service.get_slo(session, slo_ref, tenant=principal.tenant)
-    slo_id = str(slo.id)
-    spec = live.spec(slo_id)
+    # Which SLO the reference means, from the SLO cache (no session on a hit: an SLO
+    # changed through another replica is seen within slo_cache_ttl_s).
+    ttl_s, tenant = settings.slo_cache_ttl_s, principal.tenant
+    slo = await slo_service.resolve_slo(database, slo_ref, tenant=tenant, ttl_s=ttl_s)
+    spec = live.spec(str(slo.id))
     if spec is None or spec.version != slo.version:
-        await live.refresh_slos(force=True)  # read-your-writes for a just-changed SLO
+        # The engine or the cache is behind: the database decides, and the engine
+        # reloads if it is the one behind (read-your-writes for a just-changed SLO).
+        slo = await slo_service.resolve_slo(
+            database, slo_ref, tenant=tenant, ttl_s=ttl_s, fresh=True
+        )
+        spec = live.spec(str(slo.id))
+        if spec is None or spec.version != slo.version:
+            await live.refresh_slos(force=True)
+    slo_id = str(slo.id)
     try:
         stats = await run_in_threadpool(live.engine.query, slo_id, name)
     except UnknownSLOError:  # deleted between the read and the query
