@@ -56,19 +56,23 @@ async def _signed_in(request: Request) -> tuple[str, OpenSession] | None:
     return None if opened is None else (token, opened)
 
 
+def frame(opened: OpenSession) -> dict[str, Any]:
+    """What every page's frame shows for the signed-in key: its controls follow its role,
+    and pausing the automation, which acts on the whole cluster, needs a key of no tenant."""
+    can_operate = grants(opened.role, KeyRole.OPERATOR)
+    return {
+        "me": opened,
+        "can_operate": can_operate,
+        "can_operate_cluster": can_operate and opened.tenant is None,
+        "is_admin": opened.role is KeyRole.ADMIN,
+    }
+
+
 def _render(
     request: Request, template: str, opened: OpenSession, status_code: int = 200, **context: Any
 ) -> Response:
     return templates.TemplateResponse(
-        request,
-        template,
-        {
-            "me": opened,
-            "can_operate": grants(opened.role, KeyRole.OPERATOR),
-            "is_admin": opened.role is KeyRole.ADMIN,
-            **context,
-        },
-        status_code=status_code,
+        request, template, {**frame(opened), **context}, status_code=status_code
     )
 
 

@@ -3,6 +3,7 @@
 import { ago, api, canOperate, confirmAction, fillTable, h, pct, showError, when } from "./console.js";
 
 const operate = canOperate();
+const pausable = document.getElementById("pause") !== null;  // cluster keys only (fleet.html)
 
 async function act(question, path, body, method = "POST") {
   if (!(await confirmAction(question))) return;
@@ -54,14 +55,14 @@ async function refresh() {
     const planner = automation.planner;
     document.getElementById("planner").textContent = `automation ${planner.paused ? `paused (${planner.reason || "no reason"})` : "running"}` +
       `${automation.enabled ? "" : " · planner off in this process"} · ${automation.open_moves} move(s) open`;
-    if (operate) {
+    if (pausable) {
       document.getElementById("pause").hidden = planner.paused;
       document.getElementById("resume").hidden = !planner.paused;
     }
   } catch (error) { showError(error); }
 }
 
-if (operate) {
+if (pausable) {
   document.getElementById("pause").addEventListener("click", () => act("Pause the planner? It issues no command until resumed.", "/automation/pause", { reason: "paused from the console" }));
   document.getElementById("resume").addEventListener("click", () => act("Resume the planner?", "/automation/resume", { reason: "" }));
 }

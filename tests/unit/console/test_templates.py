@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 
 from controlplane.api.sessions import OpenSession
-from controlplane.console.pages import HERE, templates
+from controlplane.console.pages import HERE, frame, templates
 from controlplane.models import KeyRole
 
 PAGES = ["overview", "slo", "editor", "fleet", "control", "audit", "keys"]
 
 
-def render(template: str, role: KeyRole = KeyRole.VIEWER, **context: Any) -> str:
-    me = OpenSession(uuid.uuid4(), f"k-{role.value}", role, None, "csrf123", datetime.now(UTC))
+def render(
+    template: str, role: KeyRole = KeyRole.VIEWER, tenant: str | None = None, **context: Any
+) -> str:
+    me = OpenSession(uuid.uuid4(), f"k-{role.value}", role, tenant, "csrf123", datetime.now(UTC))
     request = SimpleNamespace(base_url="http://cp.example:8000/")
     return templates.get_template(template).render(
         request=request,
-        me=me,
-        can_operate=role is not KeyRole.VIEWER,
-        is_admin=role is KeyRole.ADMIN,
+        **frame(me),
         params={"ref": "chat"},
         title="t",
         **context,
@@ -60,6 +60,15 @@ def test_a_viewer_gets_no_mutation_control() -> None:
     assert "API keys" in render("overview.html", KeyRole.ADMIN)
     slo = render("slo.html")
     assert 'id="edit"' not in slo and 'id="export"' in slo
+
+
+def test_pausing_the_automation_is_offered_to_cluster_operators_only() -> None:
+    assert 'id="pause"' in render("fleet.html", KeyRole.OPERATOR)
+    assert 'id="pause"' in render("fleet.html", KeyRole.ADMIN)
+    tenant_operator = render("fleet.html", KeyRole.OPERATOR, tenant="acme")
+    assert 'id="pause"' not in tenant_operator and 'id="resume"' not in tenant_operator
+    assert '<th scope="col">Actions</th>' in tenant_operator  # its own members' actions
+    assert 'id="pause"' not in render("fleet.html")
 
 
 def test_csrf_token_is_in_the_page_and_the_sign_out_form() -> None:
