@@ -373,22 +373,24 @@ class RecordBatch:
             raise RecordError(f"emission_starts: must run from 0 to {m}")
         if (np.diff(self.emission_starts) < 0).any():
             raise RecordError("emission_starts: must be non-decreasing")
+        # Over the emissions, reductions (min) rather than boolean masks: no temporary the
+        # size of the emissions but the steps themselves.
         if m:
-            if (self.emission_offsets_us < 0).any():
+            if int(self.emission_offsets_us.min()) < 0:
                 raise RecordError("emission_offsets_us: offsets must be >= 0 (after arrival)")
             steps = np.diff(self.emission_offsets_us)
-            # A step may go backwards only where a new request begins.
-            boundary = np.zeros(m, dtype=np.bool_)
-            boundary[self.emission_starts[1:-1][self.emission_starts[1:-1] < m]] = True
-            bad = (steps < 0) & ~boundary[1:]
-            if bad.any():
-                pos = int(np.flatnonzero(bad)[0]) + 1
+            # A step may go backwards only where a new request begins: step j leads to
+            # emission j + 1, so the steps into each request's first emission are cleared.
+            inner = self.emission_starts[1:-1]
+            steps[inner[(inner > 0) & (inner < m)] - 1] = 0
+            if m > 1 and int(steps.min()) < 0:
+                pos = int(np.flatnonzero(steps < 0)[0]) + 1
                 row = int(np.searchsorted(self.emission_starts, pos, side="right")) - 1
                 raise RecordError(
                     f"emission_offsets_us: non-monotonic token times in request "
                     f"{self.request_ids[row]!r} at emission {pos - int(self.emission_starts[row])}"
                 )
-            if (self.emission_tokens < 1).any():
+            if int(self.emission_tokens.min()) < 1:
                 raise RecordError("emission_tokens: every emission carries >= 1 token")
         if ((self.status > max(Status)) | (self.vantage > max(Vantage))).any():
             raise RecordError(
