@@ -104,12 +104,7 @@ def request_latencies(
     last_us = np.zeros(n, dtype=np.int64)
     first_us[has] = offsets[starts[:-1][has]]
     last_us[has] = offsets[starts[1:][has] - 1]
-    # Output tokens per row: one reduceat over the non-empty rows (no cumsum of every token).
-    output_tokens = np.zeros(n, dtype=np.int64)
-    if has.any():
-        output_tokens[has] = np.add.reduceat(
-            batch.emission_tokens, starts[:-1][has], dtype=np.int64
-        )
+    output_tokens = batch.output_tokens()
 
     ttft_s = np.full(n, np.nan)
     ttft_s[has] = first_us[has] / US_PER_S

@@ -217,14 +217,20 @@ class RecordBatch:
 
     def output_tokens(self) -> I64:
         """Output tokens per request (sum of its emissions' token counts)."""
-        # One reduceat over the non-empty rows: no cumulative sum of every emission (two
-        # arrays the size of the emissions, each a fresh mmap under the start-up allocator
-        # setting, controlplane/allocator.py).
+        # One reduceat over the non-empty rows, in int32 when no row's sum can pass it: no
+        # array the size of the emissions (a cumulative sum, or reduceat's int64 copy of the
+        # column), each a fresh mmap under the start-up allocator setting
+        # (controlplane/allocator.py).
         starts = self.emission_starts
         counts: I64 = np.zeros(len(self), dtype=np.int64)
-        has = starts[1:] > starts[:-1]
+        lengths = np.diff(starts)
+        has = lengths > 0
         if has.any():
-            counts[has] = np.add.reduceat(self.emission_tokens, starts[:-1][has], dtype=np.int64)
+            tokens = self.emission_tokens
+            bound = max(int(tokens.max()), -int(tokens.min()))
+            fits = bound * int(lengths.max()) <= np.iinfo(np.int32).max
+            dtype = tokens.dtype if fits and tokens.dtype == np.int32 else np.int64
+            counts[has] = np.add.reduceat(tokens, starts[:-1][has], dtype=dtype)
         return counts
 
     @classmethod

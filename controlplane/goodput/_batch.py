@@ -47,6 +47,8 @@ __all__ = [
 B = npt.NDArray[np.bool_]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+#: Gap codes: int16 from the lookup table, int64 past it.
+Codes = npt.NDArray[np.int16] | I64
 U8 = npt.NDArray[np.uint8]
 
 #: Sketch metrics, in the order of every (metric, bucket) array in the engine.
@@ -123,9 +125,12 @@ def _gap_codes_of(gaps_us: I64) -> I64:
     return codes
 
 
-def gap_codes(gaps_us: I64) -> I64:
+def gap_codes(gaps_us: I64) -> Codes:
     """:func:`_gap_codes_of` by table lookup below ``_CODE_TABLE_SIZE`` µs (the table is
-    built on first use from the same function, so the two never disagree)."""
+    built on first use from the same function, so the two never disagree). The table's
+    codes stay int16: widening them would be one more array the size of the gaps (a fresh
+    mmap per batch under the start-up allocator setting, controlplane/allocator.py); the
+    keys computed from them are int64."""
     if not _code_table_cache:
         table = _gap_codes_of(np.arange(_CODE_TABLE_SIZE, dtype=np.int64)).astype(np.int16)
         table.setflags(write=False)
@@ -136,7 +141,7 @@ def gap_codes(gaps_us: I64) -> I64:
     if low < 0:  # an unvalidated batch: never index the table with it
         raise RecordError(f"emission_offsets_us: negative ITL gap {low} µs; validate the batch")
     if int(gaps_us.max()) < _CODE_TABLE_SIZE:
-        codes: I64 = _code_table_cache[0].take(gaps_us).astype(np.int64)
+        codes: Codes = _code_table_cache[0].take(gaps_us)
         return codes
     return _gap_codes_of(gaps_us)
 
@@ -187,7 +192,7 @@ class BatchView:
     row_values: F64
     row_index: I64
     prom_index: I64
-    gap_codes: I64
+    gap_codes: Codes
     row_gap_sum_us: I64
     gap_start: I64
     num_gaps: I64

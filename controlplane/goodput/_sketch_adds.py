@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,8 @@ from exporters import buckets
 __all__ = ["NUM_PROM", "SketchAdds", "sketch_adds"]
 
 I64 = npt.NDArray[np.int64]
+#: Bucket indices and gap codes (int16 codes from the lookup table, else int64).
+Ints = npt.NDArray[np.signedinteger[Any]]
 
 #: Prometheus buckets of the lifetime histograms (the bounds, then ``+Inf``).
 NUM_PROM = len(buckets.LATENCY_BUCKETS_S) + 1
@@ -146,15 +149,15 @@ class _Layout:
         self.group_slot = group_slot
         self.group_owner = group_owner
         self.num = num
-        self.values: list[I64] = []
+        self.values: list[Ints] = []
         self.groups: list[I64] = []
 
-    def add_rows(self, values: list[I64], groups: list[I64]) -> None:
+    def add_rows(self, values: list[Ints], groups: list[I64]) -> None:
         """Bucket indices of TTFT, TPOT and E2EL and the group of each."""
         self.values += values
         self.groups += groups
 
-    def add_gaps(self, codes: I64, groups: I64) -> None:
+    def add_gaps(self, codes: Ints, groups: I64) -> None:
         self.values.append(codes)
         self.groups.append(groups)
 

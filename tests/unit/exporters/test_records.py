@@ -118,6 +118,20 @@ def test_concat_keeps_all_rows_in_order(parts: list[list[RequestRecord]]) -> Non
         assert_same_record(got, want)
 
 
+def test_output_tokens_past_int32_are_summed_in_int64() -> None:
+    # Three emissions of 2**30 tokens: the row's sum (3 * 2**30) does not fit int32.
+    record = RequestRecord(
+        request_id="big",
+        vantage=Vantage.GATEWAY,
+        arrival_time_ns=10**18,
+        emission_offsets_us=np.array([1, 2, 3], dtype=np.int64),
+        emission_tokens=np.full(3, 2**30, dtype=np.int32),
+    )
+    batch = RecordBatch.from_records([record, record])
+    assert batch.output_tokens().tolist() == [3 * 2**30, 3 * 2**30]
+    assert batch.output_tokens().dtype == np.int64
+
+
 def test_empty_batch_is_valid_and_has_no_rows() -> None:
     batch = RecordBatch.empty()
     batch.validate()
