@@ -313,9 +313,18 @@ def _sort_within_rows(values_us: I64, num_values: I64) -> tuple[npt.NDArray[np.s
     buffer: npt.NDArray[np.signedinteger] = np.full(
         int(slot_width.sum()), np.iinfo(dtype).max, dtype=dtype
     )
-    value_starts = np.cumsum(num_values) - num_values
-    destination = np.repeat(row_starts - value_starts, num_values)
-    destination += np.arange(values.shape[0], dtype=np.int64)
+    # Value j of row i goes to row_starts[i] + j: a running sum of steps, 1 from a value to
+    # the next of its row and a jump at each row's first value (one array the size of the
+    # values, where a repeat plus an arange took two).
+    nonempty = num_values > 0
+    firsts = (np.cumsum(num_values) - num_values)[nonempty]
+    slot_starts = row_starts[nonempty]
+    before = np.empty_like(slot_starts)  # where the value before each row's first one went
+    before[:1] = 0
+    before[1:] = (slot_starts + num_values[nonempty] - 1)[:-1]
+    destination = np.ones(values.shape[0], dtype=np.int64)
+    destination[firsts] = slot_starts - before
+    np.cumsum(destination, out=destination)
     buffer[destination] = values
     # Each class (one width) is a contiguous block of whole slots: sort its rows in place.
     rows_per_width = np.bincount(exponent[num_values > 1], minlength=64)
