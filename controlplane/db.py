@@ -20,6 +20,7 @@ from sqlalchemy.types import CHAR, DateTime, TypeDecorator
 
 __all__ = [
     "NAMING_CONVENTION",
+    "POOL_RECYCLE_S",
     "Base",
     "UTCDateTime",
     "UUIDString",
@@ -114,9 +115,21 @@ def _sqlite_pragmas(engine: Engine) -> None:
         cursor.close()
 
 
+#: Pooled connections are replaced after this many seconds (before a server, proxy or
+#: firewall idle timeout closes them under the pool).
+POOL_RECYCLE_S = 300
+
+
 def create_engine_for(url: str, *, echo: bool = False) -> AsyncEngine:
+    """The app's engine for ``url``. A connection is not pinged at each checkout (that was a
+    round trip per session, a third of a cached read's cost): connections are recycled
+    after :data:`POOL_RECYCLE_S`, and one that the server dropped (a restart, a failover)
+    fails the statement that meets it with a disconnect error, on which SQLAlchemy
+    discards it and every connection pooled before it. That one statement's request
+    answers 503 with ``Retry-After`` (the loops retry on their next tick); the next
+    checkout connects afresh."""
     ensure_sqlite_folder(url)
-    engine = create_async_engine(async_url(url), echo=echo, pool_pre_ping=True)
+    engine = create_async_engine(async_url(url), echo=echo, pool_recycle=POOL_RECYCLE_S)
     if engine.dialect.name == "sqlite":
         _sqlite_pragmas(engine.sync_engine)
     return engine
