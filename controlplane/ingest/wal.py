@@ -54,9 +54,43 @@ class WalError(RuntimeError):
     """The log cannot take or keep an entry (disk full, I/O error, or failed before)."""
 
 
+#: A bytes value at least this large is written as it is, not copied into the payload.
+_BY_REFERENCE_BYTES = 4096
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a bin of ``size`` bytes (``size`` >= 256: bin 16 or bin 32)."""
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
+
+
+def _entry_parts(entry: dict[str, Any]) -> list[bytes]:
+    """The entry's frame (header, then the payload in pieces): the payload is exactly
+    ``msgpack.packb(entry, use_bin_type=True)``, but a large bytes value (the batch's body)
+    is a piece of its own, written as received instead of copied twice (into the payload,
+    then behind the header)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    pieces: list[bytes] = [packer.pack_map_header(len(entry))]
+    small: list[bytes] = []
+    for key, value in entry.items():
+        small.append(packer.pack(key))
+        if isinstance(value, bytes) and len(value) >= _BY_REFERENCE_BYTES:
+            small.append(_bin_header(len(value)))
+            pieces.append(b"".join(small))
+            pieces.append(value)
+            small = []
+        else:
+            small.append(packer.pack(value))
+    pieces.append(b"".join(small))
+    crc = 0
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    return [_HEADER.pack(sum(map(len, pieces)), crc), *pieces]
+
+
 def encode_entry(entry: dict[str, Any]) -> bytes:
-    payload: bytes = msgpack.packb(entry, use_bin_type=True)
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    return b"".join(_entry_parts(entry))
 
 
 def decode_entry(payload: bytes) -> dict[str, Any]:
@@ -158,16 +192,19 @@ class WriteAheadLog:
         returns the position :meth:`sync` waits for."""
         if self.failed is not None:
             raise WalError(f"the write-ahead log failed ({self.failed}); restart the control plane")
-        data = encode_entry(entry)
+        parts = _entry_parts(entry)
+        size = sum(map(len, parts))
         with self._append_lock:
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+                written = os.writev(self._fd, parts)
+                if written < size:  # a short write (rare): the rest from where it stopped
+                    view = memoryview(b"".join(parts))[written:]
+                    while view:
+                        view = view[os.write(self._fd, view) :]
             except OSError as exc:
                 raise self._fail(exc) from None
-            self._written += len(data)
-            self.num_bytes += len(data)
+            self._written += size
+            self.num_bytes += size
             self.current.max_finish_minute = max(self.current.max_finish_minute, max_finish_minute)
             return self._generation, self._written
 
