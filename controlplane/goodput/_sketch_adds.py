@@ -103,10 +103,10 @@ def _compute(view: BatchView, selections: list[I64]) -> list[SketchAdds]:
         # Every gap of the batch is selected (the common case): no gather. The gaps lie in
         # the batch's row order: visit the rows by where their gaps start.
         by_start = np.argsort(view.gap_start[rows], kind="stable")
-        layout.add_gaps(view.gap_codes, np.repeat(group[by_start], lengths[by_start]))
+        layout.add_gaps(view.gap_codes, group[by_start], lengths[by_start])
     else:
         codes = view.gap_codes[gap_positions(view.gap_start[rows], lengths)]
-        layout.add_gaps(codes, np.repeat(group, lengths))
+        layout.add_gaps(codes, group, lengths)
     spans, itl_histograms = layout.count()
 
     histograms = np.zeros((num, len(METRICS), NUM_PROM), dtype=np.int64)
@@ -151,15 +151,18 @@ class _Layout:
         self.num = num
         self.values: list[Ints] = []
         self.groups: list[I64] = []
+        self.gap_lengths: I64 = np.zeros(0, dtype=np.int64)
 
     def add_rows(self, values: list[Ints], groups: list[I64]) -> None:
         """Bucket indices of TTFT, TPOT and E2EL and the group of each."""
         self.values += values
         self.groups += groups
 
-    def add_gaps(self, codes: Ints, groups: I64) -> None:
+    def add_gaps(self, codes: Ints, groups: I64, lengths: I64) -> None:
+        """The gaps' codes, ``lengths[j]`` consecutive ones in group ``groups[j]``."""
         self.values.append(codes)
         self.groups.append(groups)
+        self.gap_lengths = lengths
 
     def count(self) -> tuple[list[list[tuple[int, int, int, I64]]], I64]:
         """The spans of each selection, and its ITL Prometheus bucket counts."""
@@ -179,7 +182,10 @@ class _Layout:
                 for m, (v, g) in enumerate(zip(values[:3], groups[:3], strict=True))
             ]
         )
-        gap_keys = groups[3] * width + (columns[3] - lows[3]) + values[3]
+        # Each run of gaps' key base, repeated over its gaps, plus their codes: one array
+        # the size of the gaps (not a group per gap, then its keys).
+        gap_keys = np.repeat(groups[3] * width + (columns[3] - lows[3]), self.gap_lengths)
+        gap_keys += values[3]
         num_groups = len(self.group_slot)
         per_chunk = max(1, _DENSE_BUDGET // width)
         spans: list[list[tuple[int, int, int, I64]]] = [[] for _ in range(self.num)]
