@@ -229,11 +229,14 @@ async def resolve_slo(
     is opened only when the cache does not hold ``ref``. Out-of-scope SLOs are not found."""
 
     async def fetch(key: str) -> CachedSLO | None:
-        async with AsyncSession(engine) as session:
-            try:
-                return CachedSLO.of(await get_slo(session, key))
-            except NotFoundError:
-                return None
+        # One statement, outside a transaction: no BEGIN and ROLLBACK round trips.
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            async with AsyncSession(bind=conn) as session:
+                try:
+                    return CachedSLO.of(await get_slo(session, key))
+                except NotFoundError:
+                    return None
 
     cache = slo_cache(engine, ttl_s=ttl_s)
     slo = await (cache.read(ref, fetch) if fresh else cache.resolve(ref, fetch))
