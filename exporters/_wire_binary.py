@@ -60,7 +60,7 @@ BODY_FIELDS: tuple[str, ...] = (
 LABEL_FIELDS: tuple[str, ...] = ("values", "codes")
 
 
-def unpack(data: bytes, field: str) -> Any:
+def unpack(data: bytes | memoryview, field: str) -> Any:
     """``msgpack.unpackb`` with every failure turned into a :class:`WireError` on ``field``."""
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -194,7 +194,7 @@ def _offsets(body: dict[str, Any], starts: I64, counts: I64, m: int) -> I64:
     return deltas
 
 
-def unpack_body(body_bytes: bytes) -> tuple[BatchHeader, RecordBatch]:
+def unpack_body(body_bytes: bytes | memoryview) -> tuple[BatchHeader, RecordBatch]:
     """Parse and shape-check a body; the caller runs :func:`check_batch` on the result."""
     body = require_map(unpack(body_bytes, "body"), "body", BODY_FIELDS, top_level=True)
     header = BatchHeader(body["exporter_id"], body["seq"], body["sent_time_ns"])

@@ -87,6 +87,41 @@ def _check_size(data: bytes, max_bytes: int) -> None:
         raise WireError("batch", f"{size} bytes exceed max_bytes {max_bytes}")
 
 
+_ENVELOPE_HEAD = b"\x83\xa1v\x01\xa5crc32"
+_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+_UINT_HEADERS = {0xCC: 1, 0xCD: 2, 0xCE: 4}
+
+
+def _envelope_body(data: bytes) -> tuple[memoryview, int] | None:
+    """``(body, crc32)`` of a version-1 envelope laid out as :func:`encode_batch` writes it
+    (the keys in its order, the body running to the end of ``data``), the body a view of
+    ``data`` rather than a copy; ``None`` for any other message (decoded by msgpack then)."""
+    if not isinstance(data, bytes) or not data.startswith(_ENVELOPE_HEAD):
+        return None
+    pos = len(_ENVELOPE_HEAD)
+    if pos >= len(data):
+        return None
+    kind = data[pos]
+    if kind <= 0x7F:
+        crc, pos = kind, pos + 1
+    elif kind in _UINT_HEADERS:
+        size = _UINT_HEADERS[kind]
+        crc, pos = int.from_bytes(data[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
+    else:
+        return None
+    if data[pos : pos + 5] != b"\xa4body" or pos + 5 >= len(data):
+        return None
+    pos += 5
+    size = _BIN_HEADERS.get(data[pos], 0)
+    if not size:
+        return None
+    length = int.from_bytes(data[pos + 1 : pos + 1 + size], "big")
+    pos += 1 + size
+    if pos + length != len(data):  # truncated, or trailing bytes: msgpack says which
+        return None
+    return memoryview(data)[pos:], crc
+
+
 def encode_batch(
     batch: RecordBatch, *, exporter_id: str, seq: int, sent_time_ns: int | None = None
 ) -> bytes:
@@ -112,6 +147,17 @@ def decode_batch(
     breaks the contract (column lengths, dictionary codes, CSR counts, token counts, ...).
     """
     _check_size(data, max_bytes)
+    framed = _envelope_body(data)
+    if framed is not None:  # the exporters' own layout: the body read in place
+        body, crc = framed
+        actual = zlib.crc32(body)
+        if crc != actual:
+            raise WireError(
+                "crc32", f"checksum mismatch (message says {crc!r}, body has {actual}): corrupted"
+            )
+        header, batch = unpack_body(body)
+        check_batch(batch)
+        return header, batch
     envelope = unpack(data, "batch")
     if not isinstance(envelope, dict):
         raise WireError("batch", f"expected a map, got {type(envelope).__name__}")

@@ -205,6 +205,26 @@ def test_decoded_arrays_are_owned_and_writable() -> None:
         array[:1] = array[:1]  # no "assignment destination is read-only"
 
 
+def test_an_envelope_in_another_key_order_decodes_the_same() -> None:
+    """The exporters' envelope layout is read in place; any other valid msgpack layout of
+    the same envelope (keys reordered, a wider integer for the version) decodes the same."""
+    data = encode()
+    envelope = msgpack.unpackb(data)
+    reordered = b"\x83" + b"".join(
+        msgpack.packb(key) + value
+        for key, value in (
+            ("body", msgpack.packb(envelope["body"], use_bin_type=True)),
+            ("crc32", msgpack.packb(envelope["crc32"])),
+            ("v", b"\xcd\x00\x01"),
+        )
+    )
+    assert reordered != data
+    header, got = decode_batch(reordered)
+    same_header, want = decode_batch(data)
+    assert header == same_header
+    assert_same_batch(got, want, same_dictionaries=True)
+
+
 def test_sent_time_defaults_to_the_wall_clock() -> None:
     header, _ = decode_batch(encode_batch(sample_batch(), exporter_id="gw-0", seq=1))
     assert header.sent_time_ns > 1_600_000_000 * 10**9
