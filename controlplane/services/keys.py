@@ -14,10 +14,15 @@ database is remembered for ``KEY_CACHE_TTL_S`` (5 s), looked up by prefix and co
 constant time exactly like a row. **Revocation** in this process (:func:`revoke_key`) takes
 effect at once; a key revoked by another process (another replica, the CLI) stops working
 within the TTL. ``last_used_at`` is still written at most once per ``touch_after_s``.
+A key used past half its entry's life is read again in the background while the cached
+entry answers (:meth:`KeyCache.claim_refresh`): a busy caller does not wait for the
+database when its entry expires, and the bound above is unchanged (an entry is never
+served past the TTL of the read that made it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -192,6 +197,7 @@ class KeyCache:
         # prefix -> (expiry, keys with that prefix); usually one key per prefix.
         self._entries: OrderedDict[str, tuple[float, tuple[AuthenticatedKey, ...]]] = OrderedDict()
         self._revoked: dict[uuid.UUID, None] = {}  # an ordered set, oldest first
+        self._refreshing: set[str] = set()  # prefixes being read again in the background
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -222,6 +228,25 @@ class KeyCache:
             entry = self._entries.get(presented[:PREFIX_LENGTH])
             return entry is not None and entry[0] > self.clock()
 
+    def claim_refresh(self, presented: str) -> bool:
+        """Whether the caller should read ``presented``'s prefix again now: its entry is
+        past half its life and no other read of it is in flight (the claim lasts until
+        :meth:`put` or :meth:`release` for that prefix)."""
+        prefix = presented[:PREFIX_LENGTH]
+        with self._lock:
+            entry = self._entries.get(prefix)
+            if entry is None or prefix in self._refreshing:
+                return False
+            if entry[0] - self.clock() > self.ttl_s / 2:
+                return False
+            self._refreshing.add(prefix)
+            return True
+
+    def release(self, prefix: str) -> None:
+        """End a claim without an answer (the read failed)."""
+        with self._lock:
+            self._refreshing.discard(prefix)
+
     def put(self, keys: tuple[AuthenticatedKey, ...], prefix: str | None = None) -> None:
         """Remember the live keys of one prefix (what the database returned for it);
         revoked ids are left out. With no keys, ``prefix`` is remembered as unknown for
@@ -231,6 +256,7 @@ class KeyCache:
         if prefix is None:
             return
         with self._lock:
+            self._refreshing.discard(prefix)
             live = tuple(k for k in keys if k.id not in self._revoked)
             if keys and not live:
                 self._entries.pop(prefix, None)
@@ -298,6 +324,10 @@ async def authenticate_cached(
     is opened only on a miss, or to write ``last_used_at`` (as :func:`authenticate`)."""
     key = cache.get(presented)
     if key is not None:
+        if cache.claim_refresh(presented):  # past half its life: read again, not waited for
+            task = asyncio.get_running_loop().create_task(_refresh(sessions, cache, presented))
+            _refreshes.add(task)
+            task.add_done_callback(_refreshes.discard)
         if _stale(key.last_used_at, now, touch_after_s):
             key = cache.touched(key, now)  # first: concurrent requests skip the write
             async with sessions() as session:
@@ -318,6 +348,25 @@ async def authenticate_cached(
             key = cache.touched(key, now)
             await _touch(session, key.id, now, touch_after_s)
         return key
+
+
+_refreshes: set[asyncio.Task[None]] = set()  # background reads in flight (kept referenced)
+
+
+async def _refresh(
+    sessions: async_sessionmaker[AsyncSession], cache: KeyCache, presented: str
+) -> None:
+    """Read the live keys of ``presented``'s prefix again and cache them (a claimed
+    refresh); a failure leaves the entry to expire on its own."""
+    prefix = presented[:PREFIX_LENGTH]
+    try:
+        async with sessions() as session:
+            candidates = await _live_with_prefix(session, presented)
+    except Exception as exc:
+        cache.release(prefix)
+        logger.debug("background read of key prefix %s failed: %s", prefix, exc)
+        return
+    cache.put(tuple(AuthenticatedKey.of(k) for k in candidates), prefix=prefix)
 
 
 async def authenticate(
