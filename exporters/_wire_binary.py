@@ -172,9 +172,9 @@ def _offsets(body: dict[str, Any], starts: I64, counts: I64, m: int) -> I64:
     """Rebuild per-request offsets from deltas: one cumulative sum over the whole batch,
     restarted at each request by subtracting the previous request's total at its start."""
     kind = body["emission_deltas_type"]
-    if kind not in DELTA_TYPES:
+    if type(kind) is not str or kind not in DELTA_TYPES:  # a list or map is not hashable
         raise WireError(
-            "emission_deltas_type", f"unknown type {kind!r}; allowed: {list(DELTA_TYPES)}"
+            "emission_deltas_type", f"unknown type {shown(kind)}; allowed: {list(DELTA_TYPES)}"
         )
     deltas: I64 = _array(
         body["emission_deltas_us"], "emission_deltas_us", DELTA_TYPES[kind], m, np.int64

@@ -446,6 +446,10 @@ def set_field(name: str, value: Any) -> Callable[[dict[str, Any]], None]:
             set_field("emission_deltas_type", "u16"),
             "emission_deltas_type: unknown type 'u16'; allowed: ['u32', 'i64']",
         ),
+        (
+            set_field("emission_deltas_type", ["u32"]),
+            "emission_deltas_type: unknown type ['u32']; allowed: ['u32', 'i64']",
+        ),
         (lambda body: body.pop("reason"), "reason: missing"),
         (
             set_field("colour", "red"),
