@@ -32,7 +32,11 @@ __all__ = ["ADMIT", "AdmissionHook", "AllowAll", "Decision", "RequestInfo"]
 
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
-    """What the gateway knows of a request when it asks: its id, labels and size."""
+    """What the gateway knows of a request when it asks: its id, labels and size.
+
+    ``engine_priority``: where the engines serve by priority (the gateway's
+    ``--engine-priority``), the number the request is sent with (lower first; 0 for one sent
+    with none); ``None`` where they serve in arrival order."""
 
     request_id: str
     model: str
@@ -43,6 +47,7 @@ class RequestInfo:
     max_tokens: int | None
     stream: bool
     arrival_s: float  # the gateway's monotonic clock
+    engine_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,10 @@ pool), the few numbers the rule reads:
   will pick, least outstanding work: the tokens ahead of a new request);
 * the requests in prefill now (they join the decode pool before a new request does);
 * the decode streams running on the decode pool and its number of instances;
-* the number of prefill instances.
+* the number of prefill instances;
+* where the engines serve by priority (the gateway's ``--engine-priority``), the queued prompt
+  tokens of each instance by the engine priority they were sent with
+  (:meth:`LoadTracker.tokens_ahead`: what a request of a given priority waits for).
 
 Each update is O(1), except when the least-loaded prefill instance gains work: then the
 prefill instances are scanned once to find the new minimum (O(prefill instances), on the
@@ -36,6 +39,7 @@ class LoadTracker:
     event loop (or one simulator) owns it."""
 
     __slots__ = (
+        "_by_priority",
         "_decode",
         "_prefill",
         "decode_streams",
@@ -49,6 +53,9 @@ class LoadTracker:
     def __init__(self) -> None:
         self._prefill: dict[str, int] = {}  # eligible prefill-serving instance → tokens
         self._decode: dict[str, int] = {}  # eligible decode-serving instance → streams
+        # instance → engine priority → queued prompt tokens (any instance with some: an
+        # instance out of the pool for a while keeps its count for when it comes back)
+        self._by_priority: dict[str, dict[int, int]] = {}
         self.prefill_requests = 0
         self.decode_streams = 0
         self.num_decode = 0
@@ -71,11 +78,19 @@ class LoadTracker:
         self.num_prefill = len(self._prefill)
         self._rescan()
 
-    def add(self, instance_id: str, prefill_tokens: int = 0, decode_streams: int = 0) -> None:
+    def add(
+        self,
+        instance_id: str,
+        prefill_tokens: int = 0,
+        decode_streams: int = 0,
+        engine_priority: int = 0,
+    ) -> None:
         """In-flight work of ``instance_id`` changed by these amounts (the pool's
         ``add_load``). A positive ``prefill_tokens`` is one request entering prefill, a
-        negative one a request leaving it."""
+        negative one a request leaving it; ``engine_priority`` is the priority it was sent
+        to the engine with (0 where the engines serve in arrival order)."""
         if prefill_tokens:
+            self._count(instance_id, engine_priority, prefill_tokens)
             step = 1 if prefill_tokens > 0 else -1
             self.prefill_requests = max(0, self.prefill_requests + step)
             old = self._prefill.get(instance_id)
@@ -95,6 +110,35 @@ class LoadTracker:
                 new_streams = max(0, old_streams + decode_streams)
                 self._decode[instance_id] = new_streams
                 self.decode_streams += new_streams - old_streams
+
+    def _count(self, instance_id: str, engine_priority: int, tokens: int) -> None:
+        counts = self._by_priority.get(instance_id)
+        if counts is None:
+            if tokens <= 0:
+                return
+            counts = self._by_priority[instance_id] = {}
+        left = counts.get(engine_priority, 0) + tokens
+        if left > 0:
+            counts[engine_priority] = left
+        else:
+            counts.pop(engine_priority, None)
+            if not counts:
+                del self._by_priority[instance_id]
+
+    def tokens_ahead(self, engine_priority: int | None) -> int:
+        """The queued prompt tokens on the least-loaded prefill instance that a request sent
+        with ``engine_priority`` waits for: those sent with the same or a lower number (the
+        engine serves lower numbers first, equal ones in arrival order). ``None`` (the
+        engines serve in arrival order): all of them, ``min_prefill_tokens``.
+        O(distinct priorities queued there)."""
+        total = self.min_prefill_tokens
+        if engine_priority is None or self.min_prefill_id is None:
+            return total
+        counts = self._by_priority.get(self.min_prefill_id)
+        if not counts:
+            return 0
+        ahead = sum(n for p, n in counts.items() if p <= engine_priority)
+        return min(total, ahead)
 
     def _rescan(self) -> None:
         if not self._prefill:
@@ -120,10 +164,15 @@ class TrackedPool(InstancePool):
         tracker.sync(self.states())
 
     def add_load(
-        self, instance_id: str, *, prefill_tokens: int = 0, decode_streams: int = 0
+        self,
+        instance_id: str,
+        *,
+        prefill_tokens: int = 0,
+        decode_streams: int = 0,
+        engine_priority: int = 0,
     ) -> None:
         super().add_load(instance_id, prefill_tokens=prefill_tokens, decode_streams=decode_streams)
-        self.tracker.add(instance_id, prefill_tokens, decode_streams)
+        self.tracker.add(instance_id, prefill_tokens, decode_streams, engine_priority)
 
     def apply_fleet(self, members: Iterable[FleetMember]) -> None:
         super().apply_fleet(members)

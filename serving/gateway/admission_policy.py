@@ -35,7 +35,9 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    traffic;
 
 1. TTFT = (queued prompt tokens on the least-loaded prefill instance + ``p``) ÷ that
-   instance's prefill rate + the KV handoff time;
+   instance's prefill rate + the KV handoff time; where the engines serve by priority
+   (``RequestInfo.engine_priority``, the gateway's ``--engine-priority``), only the tokens
+   queued at the request's engine priority or a lower number count (served first);
 2. the decode load when its prefill finishes, ``Δ`` = that TTFT from now (Mooncake's
    lesson: judging by the *current* decode load makes prefill and decode swing in opposite
    phase): streams running now that are still running then, ``n·exp(−Δ/mean_decode_s)``
@@ -54,7 +56,9 @@ The prediction, for a request of priority class ``c``, SLO ``s`` and ``p`` promp
    queues behind what the sheddable classes left in the queue; without this room they
    would fill it up to the objective and every never-shed request arriving then would
    miss it (measured on vLLM: docs/admission.md, "Live on vLLM"). Without never-shed
-   traffic the room is 0;
+   traffic the room is 0. Where the engines serve by priority the room is for the tokens
+   admitted at lower engine numbers (they pass the request) and the never-shed arrivals
+   at its own number (they queue behind it): :meth:`PolicyAdmission._reserve_s`;
 4. a prediction above its allowed value (or a decode batch above ``max_decode_batch`` ×
    the same factors) rejects the request: ``429``, ``Retry-After``, a body naming the SLO,
    the objective, the predicted and the allowed latency;
@@ -280,6 +284,11 @@ class PolicyAdmission:
         self.num_floor_admitted = 0  # refusals the availability floor overturned
         self.availability = ClassAvailability()
         self.never_shed = TokenRate()  # prompt tokens/s of the classes never shed
+        # Where the engines serve by priority (RequestInfo.engine_priority is not None), by
+        # the engine priority requests are sent with: the prompt tokens/s admitted, and
+        # those of the never-shed classes' arrivals.
+        self.admitted_by_priority: dict[int, TokenRate] = {}
+        self.never_shed_by_priority: dict[int, TokenRate] = {}
         self.num_offered = 0  # requests offered to this gateway (admitted or not)
         self._offered_at = (0, clock_s(), 0.0)  # (num_offered, when, rate) at the last read
         self._inv_share = 1.0  # 1 / the policy's share_ratio (the fleet's load ÷ this one's)
@@ -389,13 +398,24 @@ class PolicyAdmission:
                     objective_s = (rules or _DEFAULT_CLASS).ttft_s
                 if objective_s is not None and idle_s > objective_s:
                     return self._infeasible(
-                        policy, model, info, rules, slo, idle_s=idle_s, objective_s=objective_s
+                        policy,
+                        model,
+                        info,
+                        rules,
+                        slo,
+                        idle_s=idle_s,
+                        objective_s=objective_s,
+                        now_s=now_s,
                     )
             if policy.prompt_class_bounds and policy.availability_floor > 0:
                 cls = prompt_class(policy.prompt_class_bounds, info.prompt_tokens)
                 self.availability.offer(cls, now_s)
             if rules is not None and not rules.sheddable:
                 self.never_shed.add(info.prompt_tokens, now_s)
+                if info.engine_priority is not None:
+                    _rate(self.never_shed_by_priority, info.engine_priority).add(
+                        info.prompt_tokens, now_s
+                    )
             ttft_s = None if model is None else self._ttft_s(model, info)
             decision = self._judge(policy, info, now_s, ttft_s, cls)
             if not decision.admit:
@@ -409,9 +429,10 @@ class PolicyAdmission:
                 self.num_floor_admitted += 1
             if ttft_s is not None and self._ttft is not None:
                 self._keep_prediction(policy, info, ttft_s)
+            self._by_priority(info, now_s)
         if cls >= 0:
             self.availability.admit(cls)
-        self._admitted(info.tenant)
+        self._admitted(info)
         return ADMIT
 
     def _infeasible(
@@ -424,6 +445,7 @@ class PolicyAdmission:
         *,
         idle_s: float,
         objective_s: float,
+        now_s: float,
     ) -> Decision:
         """Step 0 of the module docstring: a request predicted to miss the TTFT objective
         on an idle instance. Rejected at once (``400``, no ``Retry-After``) where its SLO
@@ -484,7 +506,8 @@ class PolicyAdmission:
             )
         if self._ttft is not None:
             self._keep_prediction(policy, info, self._ttft_s(model, info))
-        self._admitted(info.tenant)
+        self._by_priority(info, now_s)
+        self._admitted(info)
         return ADMIT
 
     def _spare(self) -> bool:
@@ -511,7 +534,7 @@ class PolicyAdmission:
         fleet's as this gateway reads it: its own ÷ its share)."""
         load = self.tracker
         rate = model.prefill_rate(load.min_prefill_id)
-        queued = load.min_prefill_tokens * self._inv_share
+        queued = load.tokens_ahead(info.engine_priority) * self._inv_share
         return (queued + info.prompt_tokens) / rate + model.kv_handoff_s
 
     def _judge(
@@ -561,7 +584,7 @@ class PolicyAdmission:
             factor *= policy.over_share_ratio
         load = self.tracker
         if ttft_objective is not None:
-            reserve_s = self._reserve_s(model, ttft_objective, now_s)
+            reserve_s = self._reserve_s(model, ttft_objective, now_s, info.engine_priority)
             allowed = max(0.0, ttft_objective * factor - reserve_s)
             if ttft_s > allowed:
                 return self._reject(
@@ -574,6 +597,7 @@ class PolicyAdmission:
                     factor=factor,
                     wait_s=ttft_s - allowed,
                     reserve_s=reserve_s,
+                    by_priority=info.engine_priority is not None,
                 )
         num_decode = load.num_decode or 1
         running_then = load.decode_streams * math.exp(-ttft_s / model.mean_decode_s)
@@ -609,11 +633,30 @@ class PolicyAdmission:
                 )
         return ADMIT
 
-    def _reserve_s(self, model: AdmissionModel, ttft_objective_s: float, now_s: float) -> float:
-        """The room kept for never-shed traffic (step 3 of the module docstring): the
-        prefill time of the never-shed prompt tokens expected within one TTFT objective,
-        spread over the prefill instances."""
-        tokens = self.never_shed.rate(now_s) * self._inv_share * ttft_objective_s
+    def _reserve_s(
+        self,
+        model: AdmissionModel,
+        ttft_objective_s: float,
+        now_s: float,
+        engine_priority: int | None = None,
+    ) -> float:
+        """The room kept for the traffic that must not wait for what this request leaves
+        in the prefill queue, or that will pass it there (step 3 of the module docstring):
+        the prefill time of its prompt tokens expected within one TTFT objective, spread
+        over the prefill instances. In arrival order (``engine_priority`` ``None``): the
+        never-shed classes' arrivals, which queue behind it. By engine priority: the tokens
+        admitted at a lower number (they pass it) and the never-shed arrivals at its own
+        (they queue behind it); those at a higher number neither wait for it nor pass it."""
+        if engine_priority is None:
+            tokens_per_s = self.never_shed.rate(now_s)
+        else:
+            tokens_per_s = sum(
+                r.rate(now_s) for p, r in self.admitted_by_priority.items() if p < engine_priority
+            )
+            same = self.never_shed_by_priority.get(engine_priority)
+            if same is not None:
+                tokens_per_s += same.rate(now_s)
+        tokens = tokens_per_s * self._inv_share * ttft_objective_s
         if tokens <= 0:
             return 0.0
         load = self.tracker
@@ -631,9 +674,11 @@ class PolicyAdmission:
         factor: float,
         wait_s: float,
         reserve_s: float = 0.0,
+        by_priority: bool = False,
     ) -> Decision:
         name = "TTFT" if objective == "ttft" else "ITL"
-        room = f" - {reserve_s:.3f} s kept for never-shed traffic" if reserve_s > 0 else ""
+        kept = "never-shed and higher-priority" if by_priority else "never-shed"
+        room = f" - {reserve_s:.3f} s kept for {kept} traffic" if reserve_s > 0 else ""
         if policy.share_ratio < 1.0:
             room += f"; this gateway's share {policy.share_ratio:.3g} of the fleet"
         return Decision(
@@ -665,7 +710,14 @@ class PolicyAdmission:
         weights = self._weight_sum + (weight if mine == 0 else 0.0)
         return (mine + 1) * weights > weight * (self.in_flight + 1) * (1.0 + 1e-9)
 
-    def _admitted(self, tenant: str) -> None:
+    def _by_priority(self, info: RequestInfo, now_s: float) -> None:
+        """Count an admitted request's prompt tokens at its engine priority (where the
+        engines serve by priority): the traffic that passes the higher numbers."""
+        if info.engine_priority is not None:
+            _rate(self.admitted_by_priority, info.engine_priority).add(info.prompt_tokens, now_s)
+
+    def _admitted(self, info: RequestInfo) -> None:
+        tenant = info.tenant
         self.in_flight += 1
         mine = self._tenants.get(tenant, 0)
         if mine == 0:
@@ -708,6 +760,13 @@ class PolicyAdmission:
 
 
 _DEFAULT_CLASS = ClassPolicy()
+
+
+def _rate(rates: dict[int, TokenRate], engine_priority: int) -> TokenRate:
+    rate = rates.get(engine_priority)
+    if rate is None:
+        rate = rates[engine_priority] = TokenRate()
+    return rate
 
 
 def _retry_after(wait_s: float) -> float:

@@ -127,6 +127,15 @@ def gateway(
     worker_port: Annotated[
         int, typer.Option(min=1, max=65535, help="port the worker pods serve on")
     ] = 8000,
+    engine_priority: Annotated[
+        str,
+        typer.Option(
+            help="send each request's class to the engines as vLLM's priority (lower first; "
+            "the engines must run --scheduling-policy priority): off, policy (the admission "
+            "policy's class order: never-shed classes first, then by shed order) or "
+            "CLASS=N pairs, e.g. critical=0,standard=1,sheddable=2,*=3"
+        ),
+    ] = "off",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the OpenAI-compatible PD gateway (or a colocated proxy with --colocated)."""
@@ -166,6 +175,7 @@ def gateway(
             kubernetes_selector=kubernetes_selector,
             kubernetes_api=kubernetes_api,
             worker_port=worker_port,
+            engine_priority=engine_priority,
         )
         if gateway_id:
             config = dataclasses.replace(config, gateway_id=gateway_id)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from exporters.fleet import PoolRole
+from serving.gateway.engine_priority import EnginePriority
 from serving.gateway.kubernetes import DEFAULT_SELECTOR
 from serving.gateway.pool import StaticInstance
 
@@ -70,6 +71,11 @@ class GatewayConfig:
     ``kv_handoff``: the KV hand-off protocol of the PD pools (:class:`KVHandoff`; it must
     match the workers' connector: ``folder`` for ExampleConnector, ``params`` for
     NixlConnector). Colocated mode has no hand-off and ignores it.
+
+    ``engine_priority``: the request's class sent to the engines as vLLM's ``priority``
+    (:mod:`serving.gateway.engine_priority`): ``off``, ``policy`` (the admission policy's
+    class order) or ``CLASS=N,…[,*=N]``; the engines must run ``--scheduling-policy
+    priority`` for it to change their order.
     """
 
     prefill: tuple[str, ...] = ()
@@ -101,8 +107,13 @@ class GatewayConfig:
     kubernetes_selector: str = DEFAULT_SELECTOR
     kubernetes_api: str | None = None
     worker_port: int = 8000
+    engine_priority: str = "off"
 
     def __post_init__(self) -> None:
+        try:
+            EnginePriority.parse(self.engine_priority)
+        except ValueError as exc:
+            raise GatewayConfigError(f"--engine-priority: {exc}") from None
         try:
             object.__setattr__(self, "pools_from", PoolSource(self.pools_from))
         except ValueError:

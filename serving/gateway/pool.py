@@ -93,9 +93,17 @@ class InstancePool:
     # -- load --
 
     def add_load(
-        self, instance_id: str, *, prefill_tokens: int = 0, decode_streams: int = 0
+        self,
+        instance_id: str,
+        *,
+        prefill_tokens: int = 0,
+        decode_streams: int = 0,
+        engine_priority: int = 0,
     ) -> None:
-        """Add (or, with negative values, remove) in-flight work of an instance."""
+        """Add (or, with negative values, remove) in-flight work of an instance.
+        ``engine_priority`` (the priority the work was sent to the engine with) is not kept
+        here: admission's tracker counts it (``TrackedPool``)."""
+        del engine_priority
         live = self._live.get(instance_id)
         if live is None:  # it left the fleet while the request ran
             return

@@ -25,6 +25,10 @@ The PD sequence (docs/gateway.md):
    written to the client's connection: the emission times are when tokens left the
    gateway, the same instants a client's TTFT and ITL are made of.
 
+With ``--engine-priority`` both legs carry the request's class as the engine's
+``priority`` (:mod:`serving.gateway.engine_priority`; it replaces the client's), and the
+prefill load is counted under that number for admission.
+
 Failures: a prefill instance that cannot be reached, times out or answers 5xx is marked
 down and the prefill is retried once on another; the same holds for opening the decode
 stream. Once the stream has started, a failure becomes an SSE error event followed by
@@ -57,6 +61,7 @@ from serving.gateway._request import (
 )
 from serving.gateway.admission import RequestInfo
 from serving.gateway.config import KVHandoff
+from serving.gateway.engine_priority import with_priority
 from serving.gateway.routing import InstanceState, NoInstanceError, RouteDecision, RouteRequest
 from serving.gateway.sse import DONE_EVENT, EventSplitter, StreamAccounting, error_event
 
@@ -122,6 +127,8 @@ class _Job:
         self.acct = StreamAccounting()
         self.pd = False  # a prefill instance served this request
         self.kv_params: dict[str, Any] | None = None  # the prefill's answer (params hand-off)
+        self.body = request.body  # what the engines get: with the engine priority, if any
+        self.engine_priority: int | None = None  # the engines' order (None: arrival order)
 
     async def run(self) -> None:
         gw, req = self.gw, self.req
@@ -147,6 +154,10 @@ class _Job:
 
     async def _serve(self) -> None:
         gw, req = self.gw, self.req
+        if gw.engine_priority.enabled:  # the engines' order: a number, vLLM's 0 by default
+            engine_priority = gw.engine_priority_of(req.labels.priority)
+            self.body = with_priority(req.body, engine_priority)
+            self.engine_priority = 0 if engine_priority is None else engine_priority
         decision = gw.admission.decide(
             RequestInfo(
                 request_id=req.request_id,
@@ -158,6 +169,7 @@ class _Job:
                 max_tokens=max_tokens_of(req.body),
                 stream=req.stream,
                 arrival_s=req.arrival_ns / 1e9,
+                engine_priority=self.engine_priority,
             )
         )
         if not decision.admit:
@@ -204,6 +216,12 @@ class _Job:
             decision = RouteDecision(prefill, decision.decode, decision.affinity_hit)
         return decision
 
+    @property
+    def _order(self) -> dict[str, int]:
+        """The engine priority the pool's load is counted under (none: arrival order)."""
+        p = self.engine_priority
+        return {} if p is None else {"engine_priority": p}
+
     # -- prefill --
 
     async def _prefill(self, route: RouteDecision) -> RouteDecision:
@@ -211,7 +229,7 @@ class _Job:
         ``prefill=None`` when the client was answered with an error."""
         gw, req = self.gw, self.req
         remote_decode = gw.config.kv_handoff is KVHandoff.PARAMS
-        body = prefill_body(req.body, remote_decode=remote_decode)
+        body = prefill_body(self.body, remote_decode=remote_decode)
         headers = {"x-request-id": f"{req.request_id}-prefill"}
         self.trace.mark(Phase.PREFILL_START)
         tried: set[str] = set()
@@ -219,7 +237,7 @@ class _Job:
             assert route.prefill is not None
             target = route.prefill
             tried.add(target.id)
-            gw.pool.add_load(target.id, prefill_tokens=req.prompt_tokens)
+            gw.pool.add_load(target.id, prefill_tokens=req.prompt_tokens, **self._order)
             try:
                 response = await self._call(
                     target,
@@ -239,7 +257,7 @@ class _Job:
                     continue
                 break
             finally:
-                gw.pool.add_load(target.id, prefill_tokens=-req.prompt_tokens)
+                gw.pool.add_load(target.id, prefill_tokens=-req.prompt_tokens, **self._order)
             if response.status_code != 200:
                 gw.metrics.upstream[("prefill", "error")].inc()
                 self.reason = f"prefill on {target.id}: HTTP {response.status_code}"
@@ -272,7 +290,7 @@ class _Job:
     async def _decode(self, route: RouteDecision) -> None:
         gw, req = self.gw, self.req
         pool_name = "colocated" if route.prefill is None else "decode"
-        body = dict(req.body)
+        body = dict(self.body)
         if self.kv_params is not None:  # the params hand-off: where the prompt's KV is
             body["kv_transfer_params"] = self.kv_params
         if req.stream:

@@ -7,7 +7,8 @@ Routes (OpenAI-compatible where OpenAI defines them):
   (:mod:`serving.gateway.relay`);
 * ``GET /v1/models``: the first reachable instance's answer;
 * ``GET /health``: the gateway's own liveness, its admission mode and policy version, its
-  KV hand-off protocol, where its pools come from (``pools_from``: ``fleet`` or
+  KV hand-off protocol, its engine priorities (``engine_priority``: ``off``, ``policy`` or
+  the class map), where its pools come from (``pools_from``: ``fleet`` or
   ``kubernetes``, with the watch's state) and its pools (200 while it runs);
 * ``GET /metrics``: Prometheus text from the gateway's registry — request histograms and
   counters of :class:`~exporters.prometheus.PrometheusExporter` and the gateway's own
@@ -142,6 +143,7 @@ def create_app(
         admission = {"mode": mode, "policy_version": version}
         return {"status": "ok", "gateway_id": config.gateway_id, "admission": admission,
                 "kv_handoff": config.kv_handoff.value, "pools_from": pools_from(),
+                "engine_priority": gateway.engine_priority.describe(),
                 **gateway.pools()}  # fmt: skip
 
     def pools_from() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from serving.gateway.admission import AdmissionHook, AllowAll
 from serving.gateway.admission_load import LoadTracker, TrackedPool
 from serving.gateway.admission_policy import AdmissionFeedback
 from serving.gateway.config import GatewayConfig
+from serving.gateway.engine_priority import EnginePriority
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.pool import InstancePool
 from serving.gateway.routing import affinity_key, choose
@@ -78,6 +79,7 @@ class Gateway:
         self.in_flight = 0  # client requests being served now
         self.metrics = GatewayMetrics(registry, self.pool.states, lambda: self.in_flight, clock_s)
         self.admission: AdmissionHook = admission or AllowAll()
+        self.engine_priority = EnginePriority.parse(config.engine_priority)
         self.choose = choose
         self.clock_s = clock_s
         self._transport = transport
@@ -169,6 +171,12 @@ class Gateway:
             affinity_key=affinity_key(prompt),
             arrival_ns=arrival_ns,
         )
+
+    def engine_priority_of(self, priority: str) -> int | None:
+        """The engine ``priority`` a request of class ``priority`` is sent with (``None``:
+        none; :mod:`serving.gateway.engine_priority`), under the admission hook's policy."""
+        policy = getattr(self.admission, "policy", None)
+        return self.engine_priority.of(priority, policy)
 
     def pools(self) -> dict[str, Any]:
         now = self.clock_s()
