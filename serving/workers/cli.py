@@ -3,7 +3,9 @@
     goodput worker --engine vllm --model DIR --role prefill|decode|both --port P
                    [--control-plane URL --agent-key KEY [--ingest-key KEY]]
                    [--kv-dir DIR] [--cpu N] [--device cpu|cuda] [--nice N] [--sched-idle]
-                   [--ready-port P] [--kubernetes-relabel --pod-name NAME
+                   [--scheduling-policy fcfs|priority] [--[no-]chunked-prefill]
+                   [--ready-port P]
+                   [--kubernetes-relabel --pod-name NAME
                    [--pod-namespace NS] [--kubernetes-api URL]] [--print-plan]
 
 Registered on the ``goodput`` typer app by :func:`register`. SIGINT/SIGTERM stop the worker
@@ -116,6 +118,24 @@ def worker(
             "gateway or client on its cores"
         ),
     ] = False,
+    scheduling_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM --scheduling-policy: fcfs (vLLM's default) or priority (waiting "
+            "requests by the body's priority, lower first: what the gateway's "
+            "--engine-priority sends); vllm only"
+        ),
+    ] = None,
+    chunked_prefill: Annotated[
+        bool | None,
+        typer.Option(
+            "--chunked-prefill/--no-chunked-prefill",
+            help="vLLM --enable-chunked-prefill / --no-enable-chunked-prefill (default: "
+            "vLLM's, on). Off, prompts are prefilled whole: the shared-folder connector "
+            "publishes every one, and a higher priority never waits for a lower one's "
+            "remaining chunks; vllm only",
+        ),
+    ] = None,
     ready_port: Annotated[
         int | None,
         typer.Option(
@@ -191,6 +211,8 @@ def worker(
             engine_env=engine_env,
             nice=nice,
             sched_idle=sched_idle,
+            scheduling_policy=scheduling_policy,
+            chunked_prefill=chunked_prefill,
         )
         policy = KVFolderPolicy(max_age_s=kv_max_age_s, max_bytes=kv_max_bytes)
         agent = None

@@ -40,6 +40,7 @@ from serving.workers.priority import MAX_NICE
 __all__ = [
     "ATOMIC_CONNECTOR_CLASS",
     "ATOMIC_CONNECTOR_MODULE",
+    "SCHEDULING_POLICIES",
     "Device",
     "LaunchPlan",
     "SpecError",
@@ -57,6 +58,10 @@ _OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+
+
+#: vLLM's ``--scheduling-policy`` values.
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 class SpecError(ValueError):
@@ -84,6 +89,17 @@ class VllmSpec:
     :mod:`serving.workers.priority`), so that an engine sharing cores with the gateway and
     clients does not delay them; ``sched_idle`` also puts it under ``SCHED_IDLE`` (Linux),
     which shortens their waits further (not to zero across sessions: docs/serving.md).
+    ``scheduling_policy``: vLLM's ``--scheduling-policy`` (``fcfs``, vLLM's default, or
+    ``priority``: waiting requests served by the body's ``priority``, lower first, which
+    the gateway's ``--engine-priority`` sets from the request's class); ``None`` leaves the
+    flag out. ``chunked_prefill``: vLLM's ``--enable-chunked-prefill`` (``True``) or
+    ``--no-enable-chunked-prefill`` (``False``); ``None`` leaves vLLM's default (on, on
+    the CPU). Off, a step prefills whole prompts only (``max_model_len`` must fit in its
+    token budget): a prompt is never split across steps, so the shared-folder connector
+    publishes every prompt (a chunked one is not published, and its decode instance
+    computes it again: :mod:`serving.workers.kv_connector`), and a request at a higher
+    priority waits for at most the step being run, never for the rest of a lower one's
+    chunks nor shares its own step with them (docs/admission.md, "Engine priorities").
     """
 
     model: Path
@@ -103,6 +119,8 @@ class VllmSpec:
     extra_args: tuple[str, ...] = ()
     nice: int = 0
     sched_idle: bool = False
+    scheduling_policy: str | None = None
+    chunked_prefill: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", _device(self.device))
@@ -125,6 +143,11 @@ class VllmSpec:
             raise SpecError(
                 f"nice must be in 0..{MAX_NICE} (a lower CPU priority for the engine), "
                 f"got {self.nice}"
+            )
+        if self.scheduling_policy is not None and self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise SpecError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got "
+                f"{self.scheduling_policy!r}"
             )
         port = self.nixl_side_channel_port
         if port is not None and not 1 <= port <= 65535:
@@ -234,6 +257,12 @@ def build_launch(
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    if spec.scheduling_policy is not None:
+        argv += ["--scheduling-policy", spec.scheduling_policy]
+    if spec.chunked_prefill is not None:
+        argv.append(
+            "--enable-chunked-prefill" if spec.chunked_prefill else "--no-enable-chunked-prefill"
+        )
     kv_config = build_kv_transfer_config(spec)
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"))]
