@@ -9,7 +9,9 @@
   listens on a free port (``otlp_grpc_port``).
 - ``pd_pair`` → :class:`PDPair`: two supervised vLLM workers (``WorkerSupervisor``), prefill
   on core 0 and decode on core 1, at niceness ``ENGINE_NICE`` and ``SCHED_IDLE``, sharing
-  one KV folder (ExampleConnector, ``kv_both``), each running the stat-logger plugin
+  one KV folder (ExampleConnector, ``kv_both``), scheduling by priority
+  (``SCHEDULING_POLICY``) whole prompts per step (``CHUNKED_PREFILL``), each running the
+  stat-logger plugin
   (records to ``control_plane``) and an agent registered with it. Started once per
   session; stopped at its end, with no process left behind.
 
@@ -46,6 +48,15 @@ READY_TIMEOUT_S = 240.0  # two instances starting at once on a busy 2-core machi
 # tests compare (docs/serving.md, "CPU priority").
 ENGINE_NICE = 10
 HEARTBEAT_S = 1.0
+# The engines serve waiting requests by the body's priority (lower first; 0, the default,
+# in arrival order as fcfs would): a gateway started with --engine-priority puts the higher
+# classes first (docs/admission.md, "Engine priorities").
+SCHEDULING_POLICY = "priority"
+# Whole prompts per step: every prompt's KV is published for its decode instance (a chunked
+# one is not, and the decode instance computed it again: 7 % of the admitted requests under
+# the live admission test's overload, with a 191 ms median hand-off against 46 ms), and a
+# higher priority waits for at most the step being run (docs/admission.md).
+CHUNKED_PREFILL = False
 # The control loops at test speed: an admission policy every second (trusted for 10 s), a
 # planner tick every second, a worker may move again after 5 s, a move's effect read 5 s
 # after it.
@@ -399,6 +410,8 @@ def pd_pair(
             served_model_name="tiny",
             nice=ENGINE_NICE,
             sched_idle=True,
+            scheduling_policy=SCHEDULING_POLICY,
+            chunked_prefill=CHUNKED_PREFILL,
             engine_env={
                 "GOODPUT_CONTROL_PLANE_URL": control_plane.url,
                 "GOODPUT_INGEST_KEY": control_plane.keys["ingest"],

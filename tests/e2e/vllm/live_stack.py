@@ -29,8 +29,10 @@ def gateways(
     directory: Path,
     statics: list[str],
     specs: dict[str, bool],
+    extra: tuple[str, ...] = (),
 ) -> Iterator[dict[str, str]]:
-    """``specs``: gateway id → takes commands. Yields gateway id → URL."""
+    """``specs``: gateway id → takes commands; ``extra``: more options for each gateway.
+    Yields gateway id → URL."""
     children: list[ChildProcess] = []
     urls: dict[str, str] = {}
     keys = control_plane.keys
@@ -41,7 +43,7 @@ def gateways(
             argv = [sys.executable, "-m", "goodput", "gateway", "--host", "127.0.0.1",
                     "--port", str(port), *statics, "--control-plane", control_plane.url,
                     "--ingest-key", keys["ingest"], "--viewer-key", keys["viewer"],
-                    "--gateway-id", gateway_id, "--fleet-refresh", "1", *commands,
+                    "--gateway-id", gateway_id, "--fleet-refresh", "1", *commands, *extra,
                     "--log-level", "WARNING"]  # fmt: skip
             child = ChildProcess(argv, dict(os.environ), directory / f"{gateway_id}.log")
             children.append(child)
