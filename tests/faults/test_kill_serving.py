@@ -135,15 +135,15 @@ def test_a_decode_worker_killed_mid_stream_fails_that_request_cleanly(stack: Sta
     gateway = stack.gateway([prefill], decode)
 
     # Two long streams: the gateway routes by load, so one lands on each decode instance.
+    # The second starts once the first streams (its decode instance is then chosen and
+    # loaded; a fixed pause was too short on a busy machine, and both landed on one).
     results = [StreamResult(), StreamResult()]
     threads = [
         threading.Thread(target=stream, args=(gateway, LONG_TOKENS, r, f"s{k}"), daemon=True)
         for k, r in enumerate(results)
     ]
-    for thread in threads:
+    for thread, r in zip(threads, results, strict=True):
         thread.start()
-        time.sleep(0.3)
-    for r in results:
         assert r.first_token.wait(30), "no first token"
     time.sleep(0.5)
     stack.children["decode0"].kill()

@@ -91,7 +91,9 @@ async def test_failed_authentication_is_rate_limited_per_address(database_url: s
                 for k in range(8)
             ]
     assert [r.status_code for r in statuses] == [401] * 5 + [429] * 3
-    assert statuses[-1].headers["retry-after"] == "2"
+    # ceil(time to the next token at 0.5/s): 2 s right after the burst, 1 s once the eight
+    # requests took half a second or more (a busy machine).
+    assert statuses[-1].headers["retry-after"] in {"1", "2"}
     assert statuses[-1].json() == {
         "detail": "too many failed authentications from this address; retry later"
     }
