@@ -184,7 +184,7 @@ def worker(
             max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             served_model_name=served_model_name, kv_dir=kv_dir, seed=seed,
             control_plane=control_plane, agent_key=agent_key, ingest_key=ingest_key,
-            member_id=member_id,
+            member_id=member_id, fleet_tenant=fleet_tenant,
             advertise_url=advertise_url, heartbeat_interval_s=heartbeat_interval_s,
             ready_port=ready_port, kubernetes_relabel=kubernetes_relabel, pod_name=pod_name,
             pod_namespace=pod_namespace, kubernetes_api=kubernetes_api, print_plan=print_plan,

@@ -250,6 +250,7 @@ def cli_main(
     member_id: str | None,
     advertise_url: str | None,
     heartbeat_interval_s: float,
+    fleet_tenant: str | None = None,
     ready_port: int | None = None,
     kubernetes_relabel: bool = False,
     pod_name: str = "",
@@ -280,6 +281,7 @@ def cli_main(
                 member_id=member_id or f"{host}:{port}",
                 endpoint=advertise_url or spec.url,
                 heartbeat_interval_s=heartbeat_interval_s,
+                tenant=fleet_tenant,
             )
         engine, settings, handoff, _ = build_worker(spec)  # validate before serving
         relabeler = None
@@ -305,6 +307,7 @@ def cli_main(
             "jitter": config.jitter_ratio, "seed": spec.seed,
             "kv_dir": None if handoff.folder is None else str(handoff.folder),
             "control_plane": control_plane, "engine_records": bool(control_plane and ingest_key),
+            "fleet_tenant": None if agent is None else agent.tenant,
             "ready_port": ready_port, "kubernetes_relabel": kubernetes_relabel,
         }  # fmt: skip
         typer.echo(json.dumps(plan, indent=2))

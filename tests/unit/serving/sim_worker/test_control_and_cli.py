@@ -91,6 +91,17 @@ def test_print_plan_shows_the_instance_and_starts_nothing(tmp_path: Path) -> Non
     capacity = kv_capacity_tokens(get_model("llama-3.1-8b"), 1) // 16 * 16  # whole blocks
     assert plan["kv_capacity_tokens"] == capacity and plan["kv_dir"] == str(kv_dir)
     assert not kv_dir.exists()
+    assert plan["fleet_tenant"] is None
+
+
+def test_the_fleet_tenant_reaches_the_sim_workers_registration() -> None:
+    result = runner.invoke(
+        app,
+        ["worker", "--engine", "sim", "--port", "8101", "--print-plan",
+         "--control-plane", "http://127.0.0.1:9", "--fleet-tenant", "acme"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fleet_tenant"] == "acme"
 
 
 def test_vllm_still_needs_a_model() -> None:
