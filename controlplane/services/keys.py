@@ -45,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from controlplane.errors import InvalidInputError, NotFoundError
 from controlplane.models import APIKey, KeyRole
 from controlplane.services import audit
+from controlplane.services.ttl_cache import BoundedTTLCache, engine_of
 
 __all__ = [
     "KEY_CACHE_MAX_ENTRIES",
@@ -163,7 +164,7 @@ class AuthenticatedKey:
         return cls(k.id, k.name, k.role, k.tenant, k.prefix, k.hash, k.last_used_at)
 
 
-class KeyCache:
+class KeyCache(BoundedTTLCache):
     """Keys recently authenticated against one database, by prefix (see the module).
 
     ``get`` finds the prefix's cached keys and compares the presented key's SHA-256 with
@@ -186,21 +187,11 @@ class KeyCache:
         max_entries: int = KEY_CACHE_MAX_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not ttl_s >= 0:
-            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self.clock = clock
-        self._lock = threading.Lock()
+        super().__init__(ttl_s, max_entries, clock)
         # prefix -> (expiry, keys with that prefix); usually one key per prefix.
         self._entries: OrderedDict[str, tuple[float, tuple[AuthenticatedKey, ...]]] = OrderedDict()
         self._revoked: dict[uuid.UUID, None] = {}  # an ordered set, oldest first
         self._refreshing: set[str] = set()  # prefixes being read again in the background
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def get(self, presented: str) -> AuthenticatedKey | None:
         """The cached live key matching ``presented``, or ``None`` (unknown here: ask the
@@ -301,9 +292,7 @@ def key_cache(
     """The key cache of the database behind ``bind`` (created on first use, with ``ttl_s``;
     gone with the engine). One per database engine, so that :func:`revoke_key` reaches the
     cache that authentication reads whatever session it is given."""
-    if isinstance(bind, AsyncEngine | AsyncConnection):
-        bind = bind.sync_engine
-    engine = bind.engine if isinstance(bind, Connection) else bind
+    engine = engine_of(bind)
     with _caches_lock:
         cache = _caches.get(engine)
         if cache is None:

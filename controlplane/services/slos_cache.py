@@ -43,6 +43,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane.models import SLO
+from controlplane.services.ttl_cache import BoundedTTLCache, engine_of
 
 __all__ = [
     "SLO_CACHE_MAX_ENTRIES",
@@ -81,7 +82,7 @@ class CachedSLO:
 Fetch = Callable[[str], Awaitable[CachedSLO | None]]
 
 
-class SLOCache:
+class SLOCache(BoundedTTLCache):
     """Live SLOs by reference (id or name) for at most ``ttl_s`` (see the module).
 
     Thread-safe for :meth:`get`, :meth:`put` and :meth:`clear`; :meth:`resolve` runs on
@@ -96,20 +97,10 @@ class SLOCache:
         max_entries: int = SLO_CACHE_MAX_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not ttl_s >= 0:
-            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self.clock = clock
-        self._lock = threading.Lock()
+        super().__init__(ttl_s, max_entries, clock)
         self._entries: OrderedDict[str, tuple[float, CachedSLO]] = OrderedDict()  # read at
         self._generation = 0  # bumped by clear(): reads begun before it are not cached
         self._refreshing: dict[str, asyncio.Task[None]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     @property
     def generation(self) -> int:
@@ -190,9 +181,7 @@ def slo_cache(
     engine), with ``ttl_s`` when given (else as it is, :data:`SLO_CACHE_TTL_S` when new).
     One per database engine, so that the writes of any session on it clear the cache that
     queries read."""
-    if isinstance(bind, AsyncEngine | AsyncConnection):
-        bind = bind.sync_engine
-    engine = bind.engine if isinstance(bind, Connection) else bind
+    engine = engine_of(bind)
     with _caches_lock:
         cache = _caches.get(engine)
         if cache is None:
