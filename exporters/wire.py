@@ -149,15 +149,7 @@ def decode_batch(
     _check_size(data, max_bytes)
     framed = _envelope_body(data)
     if framed is not None:  # the exporters' own layout: the body read in place
-        body, crc = framed
-        actual = zlib.crc32(body)
-        if crc != actual:
-            raise WireError(
-                "crc32", f"checksum mismatch (message says {crc!r}, body has {actual}): corrupted"
-            )
-        header, batch = unpack_body(body)
-        check_batch(batch)
-        return header, batch
+        return _checked_body(*framed)
     envelope = unpack(data, "batch")
     if not isinstance(envelope, dict):
         raise WireError("batch", f"expected a map, got {type(envelope).__name__}")
@@ -168,6 +160,11 @@ def decode_batch(
     body, crc = envelope["body"], envelope["crc32"]
     if not isinstance(body, bytes):
         raise WireError("body", f"expected raw bytes, got {type(body).__name__}")
+    return _checked_body(body, crc)
+
+
+def _checked_body(body: bytes | memoryview, crc: object) -> tuple[BatchHeader, RecordBatch]:
+    """The header and batch of an envelope's ``body``, once its CRC-32 matches ``crc``."""
     actual = zlib.crc32(body)
     if crc != actual:
         raise WireError(
