@@ -41,7 +41,10 @@ itself at start-up (``controlplane/allocator.py``; an inherited ``MALLOC_MMAP_TH
 removed from its environment so that it is the start-up code that does it); ``glibc`` turns
 that off (``GOODPUT_MALLOC_MMAP_THRESHOLD=0``: glibc's dynamic threshold, for comparison);
 ``environment`` sets ``MALLOC_MMAP_THRESHOLD_=131072`` as the container image does (the
-start-up code then leaves it). The JSON names the mode.
+start-up code then leaves it); a number of bytes has the start-up code fix that threshold
+instead of the setting's default (``GOODPUT_MALLOC_MMAP_THRESHOLD``).
+``--malloc-trim-interval-s S`` sets how often the server calls ``malloc_trim``
+(``GOODPUT_MALLOC_TRIM_INTERVAL_S``; 0: never; default: the setting's). The JSON names both.
 
 Diagnostics (never for the reported figure): ``--trace-memory`` starts the server under
 ``tracemalloc`` (one frame), adds the traced Python/numpy bytes to the timeline and prints
@@ -117,6 +120,13 @@ threading.Thread(target=report, daemon=True).start()
 sys.argv = sys.argv[1:]
 runpy.run_module("goodput", run_name="__main__", alter_sys=True)
 """
+
+
+def mmap_mode(value: str) -> str:
+    """``--mmap-threshold``: one of :data:`MMAP_MODES` or a positive number of bytes."""
+    if value in MMAP_MODES or (value.isdigit() and int(value) > 0):
+        return value
+    raise argparse.ArgumentTypeError(f"one of {', '.join(MMAP_MODES)} or a number of bytes")
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -244,10 +254,17 @@ def main() -> None:
     )
     parser.add_argument(
         "--mmap-threshold",
-        choices=list(MMAP_MODES),
+        type=mmap_mode,
         default="startup",
         help="who fixes glibc's mmap threshold: the control plane at start-up (default), "
-        "nobody (glibc's dynamic default), or MALLOC_MMAP_THRESHOLD_ as in the image",
+        "nobody (glibc's dynamic default), MALLOC_MMAP_THRESHOLD_ as in the image, or the "
+        "control plane at start-up at this many bytes",
+    )
+    parser.add_argument(
+        "--malloc-trim-interval-s",
+        type=float,
+        default=None,
+        help="seconds between the server's malloc_trim calls (0: never; default: the setting's)",
     )
     args = parser.parse_args()
     duration_s = args.duration_s or (60.0 if args.quick else 600.0)
@@ -261,9 +278,16 @@ def main() -> None:
             "GOODPUT_DATABASE_URL": f"sqlite:///{folder / 'goodput.db'}",
             "GOODPUT_LOG_LEVEL": "WARNING",
         }
-        for name in ("MALLOC_MMAP_THRESHOLD_", "GOODPUT_MALLOC_MMAP_THRESHOLD"):
+        for name in (
+            "MALLOC_MMAP_THRESHOLD_",
+            "GOODPUT_MALLOC_MMAP_THRESHOLD",
+            "GOODPUT_MALLOC_TRIM_INTERVAL_S",
+        ):
             env.pop(name, None)
-        env.update(MMAP_MODES[args.mmap_threshold])
+        fixed_at = {"GOODPUT_MALLOC_MMAP_THRESHOLD": args.mmap_threshold}
+        env.update(MMAP_MODES.get(args.mmap_threshold, fixed_at))
+        if args.malloc_trim_interval_s is not None:
+            env["GOODPUT_MALLOC_TRIM_INTERVAL_S"] = str(args.malloc_trim_interval_s)
         if args.dry_run_max_rows is not None:
             env["GOODPUT_DRY_RUN_MAX_ROWS"] = str(args.dry_run_max_rows)
         launcher = None
@@ -367,6 +391,7 @@ def main() -> None:
                 "dry_run_max_rows": args.dry_run_max_rows,
                 "trace_memory": args.trace_memory,
                 "mmap_threshold": args.mmap_threshold,
+                "malloc_trim_interval_s": args.malloc_trim_interval_s,
                 "quick": args.quick,
             }
         )

@@ -50,9 +50,11 @@ class Settings(BaseSettings):
     ``database_retry_max_s`` caps the backoff (from 0.5 s, doubling) between its attempts to
     load the SLO set while the database is down or not migrated;
     ``dry_run_max_rows`` caps the rows kept for SLO dry runs (about 100 bytes each).
-    ``malloc_mmap_threshold``: ``serve`` fixes glibc's mmap threshold at this many bytes
-    (``controlplane.allocator``; 0: glibc's dynamic default; an operator's
-    ``MALLOC_MMAP_THRESHOLD_`` is kept).
+    ``malloc_mmap_threshold``: ``serve`` fixes glibc's mmap threshold at this many bytes,
+    and its trim threshold at twice it (``controlplane.allocator``; 0: glibc's dynamic
+    default; an operator's ``MALLOC_MMAP_THRESHOLD_`` is kept);
+    ``malloc_trim_interval_s``: ``serve`` calls glibc's ``malloc_trim`` this often, which
+    keeps RSS bounded with the heap holding the ingest batches' arrays (0: never).
     ``otlp_grpc_port`` / ``otlp_grpc_host``: the OTLP/gRPC trace receiver's address (off
     unless the port is set: 4317 is OTLP's; 0 picks a free one; the host defaults to
     ``host``).
@@ -110,7 +112,10 @@ class Settings(BaseSettings):
     goodput_stream_interval_s: float = Field(default=1.0, gt=0)
     dry_run_max_rows: int = Field(default=1_000_000, ge=1)
     # glibc's mmap threshold, fixed at start-up (docs/goodput-engine.md, *Soak*); 0: off.
-    malloc_mmap_threshold: int = Field(default=131_072, ge=0, le=32 * 2**20)
+    # 32 MiB, glibc's largest: every ingest temporary comes from the heap (no page faults).
+    malloc_mmap_threshold: int = Field(default=32 * 2**20, ge=0, le=32 * 2**20)
+    # glibc's malloc_trim every this many seconds (controlplane/allocator.py); 0: never.
+    malloc_trim_interval_s: float = Field(default=5.0, ge=0)
     # Replicas sharing one database elect one to run the loops (docs/scale-out.md).
     replica_id: str | None = Field(default=None, min_length=1, max_length=255)
     # Replicas that share ingest: every batch goes through the database's fleet log and

@@ -128,13 +128,14 @@ def serve(
     """Serve the control plane with uvicorn (one worker; scale out with more processes)."""
     import uvicorn
 
-    from controlplane.allocator import fix_mmap_threshold
+    from controlplane.allocator import fix_mmap_threshold, start_trimming
     from controlplane.main import configure_logging, create_app
 
     settings = _settings(ctx)
     configure_logging(settings)
     # Before the app allocates anything large (controlplane/allocator.py).
     fix_mmap_threshold(settings.malloc_mmap_threshold, os.environ)
+    start_trimming(settings.malloc_trim_interval_s)
     if migrate:
         from migrations import upgrade
 

@@ -38,9 +38,10 @@ RUN useradd --uid 10001 --user-group --home-dir /var/lib/goodput --create-home g
 COPY --from=build /opt/goodput /opt/goodput
 # glibc's mmap threshold fixed at 128 KiB: the goodput engine's multi-MB arrays are mmapped
 # and returned when freed (with the dynamic threshold, RSS grew 18 % in a 10-min soak after
-# every bounded store was full; 3 % with it: docs/goodput-engine.md, "Soak"). `serve` sets the
-# same itself at start-up where the variable is unset (GOODPUT_MALLOC_MMAP_THRESHOLD); the
-# variable here also covers the other commands (the gateway) and the allocations before it.
+# every bounded store was full; 3 % with it: docs/goodput-engine.md, "Soak"). It also covers
+# the other commands (the gateway) and the allocations before start-up. `serve` keeps it;
+# where the variable is unset, `serve` fixes 32 MiB instead and calls malloc_trim every 5 s
+# (GOODPUT_MALLOC_MMAP_THRESHOLD, GOODPUT_MALLOC_TRIM_INTERVAL_S: faster ingest, RSS bounded).
 ENV PATH=/opt/goodput/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

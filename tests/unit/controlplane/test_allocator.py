@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from controlplane.allocator import (
     M_MMAP_THRESHOLD,
     M_TRIM_THRESHOLD,
     fix_mmap_threshold,
+    start_trimming,
 )
 from controlplane.settings import Settings
 from goodput.cli import app
@@ -42,14 +44,21 @@ def mallopt(monkeypatch: pytest.MonkeyPatch) -> Mallopt:
     return fake
 
 
-MMAP_AND_TRIM = [(M_MMAP_THRESHOLD, 131_072), (M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)]
+MMAP_AND_TRIM = [(M_MMAP_THRESHOLD, 131_072), (M_TRIM_THRESHOLD, 262_144)]
 
 
 def test_sets_the_threshold_with_mallopt(mallopt: Mallopt) -> None:
     assert fix_mmap_threshold(131_072, {}) is True
-    # The trim threshold goes back to glibc's default, where the variable leaves it.
+    # The trim threshold at twice the mmap threshold, as glibc's dynamic adjustment sets it.
     assert mallopt.calls == MMAP_AND_TRIM
     assert (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD) == (-3, -1, 131_072)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "trim"), [(1, 131_072), (65_536, 131_072), (32 * 2**20, 64 * 2**20)]
+)
+def test_the_trim_threshold_goes_with_it(threshold: int, trim: int) -> None:
+    assert allocator.trim_threshold_for(threshold) == trim
 
 
 @pytest.mark.parametrize(
@@ -121,11 +130,15 @@ def test_glibc_accepts_it() -> None:
 
 def test_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GOODPUT_MALLOC_MMAP_THRESHOLD", raising=False)
-    assert Settings().malloc_mmap_threshold == 131_072
+    monkeypatch.delenv("GOODPUT_MALLOC_TRIM_INTERVAL_S", raising=False)
+    assert Settings().malloc_mmap_threshold == 32 * 2**20 == allocator.MAX_MMAP_THRESHOLD
+    assert Settings().malloc_trim_interval_s == 5.0
     monkeypatch.setenv("GOODPUT_MALLOC_MMAP_THRESHOLD", "0")
     assert Settings().malloc_mmap_threshold == 0
     with pytest.raises(ValueError, match="malloc_mmap_threshold"):
         Settings(malloc_mmap_threshold=allocator.MAX_MMAP_THRESHOLD + 1)
+    with pytest.raises(ValueError, match="malloc_trim_interval_s"):
+        Settings(malloc_trim_interval_s=-1)
 
 
 @pytest.mark.parametrize(("threshold", "operator"), [("131072", None), ("0", "65536")])
@@ -136,14 +149,55 @@ def test_serve_calls_it_first(
     monkeypatch.setattr(
         allocator, "fix_mmap_threshold", lambda t, environ: calls.append((t, dict(environ)))
     )
+    monkeypatch.setattr(allocator, "start_trimming", calls.append)
     monkeypatch.setattr(controlplane.main, "configure_logging", lambda settings: None)
     monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: calls.append("uvicorn.run"))
-    env = {"GOODPUT_MALLOC_MMAP_THRESHOLD": threshold, "MALLOC_MMAP_THRESHOLD_": operator}
+    env = {
+        "GOODPUT_MALLOC_MMAP_THRESHOLD": threshold,
+        "MALLOC_MMAP_THRESHOLD_": operator,
+        "GOODPUT_MALLOC_TRIM_INTERVAL_S": "2.5",
+    }
     result = CliRunner().invoke(
         app, ["--database-url", "sqlite://", "controlplane", "serve", "--no-migrate"], env=env
     )
     assert result.exit_code == 0, result.output
-    (t, environ), last = calls
+    (t, environ), interval_s, last = calls
     assert t == int(threshold)
     assert environ.get("MALLOC_MMAP_THRESHOLD_") == operator
+    assert interval_s == 2.5
     assert last == "uvicorn.run"
+
+
+def test_trimming_calls_malloc_trim_until_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    three = threading.Event()
+
+    def fake_trim(pad: int) -> int:
+        calls.append(pad)
+        if len(calls) >= 3:
+            three.set()
+        return 1
+
+    monkeypatch.setattr(allocator, "_malloc_trim", lambda: fake_trim)
+    stop = start_trimming(0.01)
+    assert stop is not None
+    assert three.wait(5)
+    stop.set()
+    assert set(calls) == {0}  # no padding kept at the heap's top
+
+
+def test_trimming_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "_malloc_trim", lambda: pytest.fail("looked up"))
+    assert start_trimming(0) is None
+
+
+def test_trimming_without_malloc_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "_malloc_trim", lambda: None)
+    assert start_trimming(1.0) is None
+
+
+@pytest.mark.skipif(not GLIBC, reason="needs glibc's malloc_trim")
+def test_glibc_has_malloc_trim() -> None:
+    trim = allocator._malloc_trim()
+    assert trim is not None
+    assert trim(0) in (0, 1)
