@@ -197,6 +197,19 @@ class GoodputEngine:
             now = self._now(now)
             return self._stats(state, self._window_s(state, window), now, percentiles)
 
+    def query_if_free(
+        self, slo_id: str, window: str | float, now: float | None = None
+    ) -> GoodputStats | None:
+        """:meth:`query` if the engine's lock is free now, else ``None`` at once (never
+        waits): an event loop answers a short query itself while no batch is being
+        counted, and hands it to a worker thread otherwise."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self.query(slo_id, window, now)
+        finally:
+            self._lock.release()
+
     def summary(
         self, now: float | None = None, window: str | float = "1m", *, percentiles: bool = True
     ) -> list[GoodputStats]:

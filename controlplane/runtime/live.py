@@ -6,7 +6,9 @@
   ``slo`` table changes. The loop polls one cheap aggregate (row count, sum of versions,
   latest update) every ``slo_poll_interval_s``, so every way an SLO changes (REST, CLI,
   another replica's registry) is seen within that interval; a route that reads an SLO the
-  engine does not have yet calls :meth:`refresh_slos` itself (read-your-writes);
+  engine does not have yet calls :meth:`refresh_slos` itself (read-your-writes). Each
+  poll that succeeds also stores the live SLOs in the SLO cache
+  (``controlplane.services.slos_cache``), so goodput queries find theirs without a read;
 * the history: minute rollups of each SLO's compliance window (at least a day) are loaded
   when the SLO enters the engine, in the same step; complete minutes are upserted every
   ``rollup_interval_s`` in one transaction; a graceful stop also writes the current minute.
@@ -53,7 +55,8 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.errors import describe_error
 from controlplane.goodput import GoodputCollector, GoodputEngine, MinuteRollup, SLOSpec
@@ -64,6 +67,7 @@ from controlplane.ingest.wal import WalError, WriteAheadLog
 from controlplane.runtime.leadership import Leadership, default_replica_id
 from controlplane.services import rollups as rollup_service
 from controlplane.services import slos as slo_service
+from controlplane.services.slos_cache import CachedSLO, SLOCache, slo_cache
 from controlplane.settings import Settings
 
 __all__ = [
@@ -256,10 +260,32 @@ class LiveGoodput:
                 logger.debug("goodput engine still cannot load the SLO set (%s)", reason)
             self._load_error = reason
 
+    def _slo_cache(self) -> SLOCache | None:
+        """The SLO cache of this runtime's database (``None``: sessions bound to no engine)."""
+        bind = self.sessions.kw.get("bind")
+        if not isinstance(bind, AsyncEngine | Engine):
+            return None
+        return slo_cache(bind, ttl_s=self.settings.slo_cache_ttl_s)
+
+    def _fill_slo_cache(self, cache: SLOCache | None, generation: int, read_at: float) -> None:
+        """Store the engine's SLO set, which the database confirmed in the read begun at
+        ``read_at``, in the SLO cache (``controlplane.services.slos_cache``)."""
+        if cache is None:
+            return
+        slos = [
+            CachedSLO(uuid.UUID(s.id), s.name, s.version, s.selector.get("tenant"))
+            for s in self.engine.slos
+        ]
+        cache.fill(slos, generation, read_at)
+
     async def _refresh_locked(self, force: bool) -> bool:
+        cache = self._slo_cache()
+        generation, read_at = (0, 0.0) if cache is None else (cache.generation, cache.clock())
         async with self.sessions() as session:
             fingerprint = await slo_service.slo_set_fingerprint(session)
             if not force and fingerprint == self._fingerprint:
+                # The engine's set is the database's as of this read.
+                self._fill_slo_cache(cache, generation, read_at)
                 return False
             specs = await slo_service.live_specs(session)
             known = {s.id for s in self.engine.slos}
@@ -285,6 +311,7 @@ class LiveGoodput:
                     logger.error("ingest refused: %s", exc)
                 self.ingestor.refusal = f"{exc}; ingest goes to the process that owns it"
         self._fingerprint = fingerprint
+        self._fill_slo_cache(cache, generation, read_at)
         self._counts["reloads"] += 1
         if not self._loaded and self._load_error is not None:
             logger.warning("goodput engine loaded the SLO set: the database answers again")

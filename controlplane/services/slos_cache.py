@@ -15,6 +15,14 @@ write cannot put the old row back: :meth:`SLOCache.put` refuses what was read be
 last clearing). An unknown reference is not remembered, so an SLO created elsewhere is
 found at once.
 
+**Filled by the SLO poll.** The live engine reads the ``slo`` table's fingerprint every
+``slo_poll_interval_s`` (1 s) and the live SLOs when it changed
+(``controlplane.runtime.live``); each poll that succeeds stores every live SLO here by id
+and by name (:meth:`SLOCache.fill`), dated when the poll's read began. The bound above
+holds (the poll is a read of the database, and an entry is still served at most ``ttl_s``
+after it), and a replica's first query, or one after an idle spell, finds its SLO here
+without a read of its own.
+
 **No miss on a busy path.** A reference asked for in the second half of its life is read
 again in the background (one read at a time per reference) while the cached one is
 served: under steady queries an entry is replaced before it expires, and requests do not
@@ -36,7 +44,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection, Engine
@@ -135,6 +143,27 @@ class SLOCache(BoundedTTLCache):
             self._entries.move_to_end(ref)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+
+    def fill(self, slos: Collection[CachedSLO], generation: int, read_at: float) -> bool:
+        """Remember every live SLO the database listed at ``read_at``, by id and by name (the
+        live engine's SLO poll, so that a query finds its SLO here without a read of its
+        own). Refused, as :meth:`put`, when the cache was cleared since the read began, and
+        when the entries would not fit (two per SLO, at most half of ``max_entries``: the
+        references queried stay). Returns whether the entries were stored."""
+        with self._lock:
+            if generation != self._generation or self.ttl_s == 0:
+                return False
+            if 4 * len(slos) > self.max_entries:
+                return False
+            for slo in slos:
+                for ref in (str(slo.id), slo.name):
+                    current = self._entries.get(ref)
+                    if current is None or current[0] <= read_at:
+                        self._entries[ref] = (read_at, slo)
+                        self._entries.move_to_end(ref)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            return True
 
     def clear(self) -> None:
         """Forget every entry, and refuse the reads in flight (an SLO was written here)."""

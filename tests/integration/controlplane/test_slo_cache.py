@@ -1,8 +1,8 @@
 """Goodput queries and the SLO cache, two replicas on one database (SQLite and PostgreSQL):
-a busy query reads no SLO row, a change made through one replica is answered by the other
-within ``slo_cache_ttl_s`` (sooner when the background read has run), a write through a
-replica applies to its own queries at once, and a tenant's key never sees another
-tenant's cached SLO."""
+a busy query reads no SLO row, nor a replica's first query once its SLO poll has run, a
+change made through one replica is answered by the other within ``slo_cache_ttl_s``
+(sooner when the background read has run), a write through a replica applies to its own
+queries at once, and a tenant's key never sees another tenant's cached SLO."""
 
 from __future__ import annotations
 
@@ -116,6 +116,24 @@ async def test_a_busy_query_reads_no_slo_row(database_url: str) -> None:
                 assert response.status_code == 200
                 assert response.json()["slo_name"] == "chat"
         assert seen == []
+
+
+async def test_after_the_slo_poll_a_first_query_reads_no_slo_row(database_url: str) -> None:
+    async with replicas(database_url) as (a, b):
+        key = await make_key(a.app, KeyRole.OPERATOR)
+        created = await a.http.post("/api/v1/slos", json=SLO, headers=bearer(key))
+        assert created.is_success
+        assert await b.app.state.live.refresh_slos()  # the poll's step: the new SLO seen
+        with slo_reads(b.app) as seen:
+            for ref in ("chat", created.json()["id"]):
+                response = await b.goodput(ref, key)
+                assert response.status_code == 200
+                assert response.json()["slo_name"] == "chat"
+        assert seen == []
+        b.clock.now += TTL_S  # the poll's entries are served no longer than the TTL
+        with slo_reads(b.app) as seen:
+            assert (await b.goodput("chat", key)).status_code == 200
+        assert len(seen) == 1
 
 
 async def test_a_change_through_another_replica_is_answered_within_the_ttl(

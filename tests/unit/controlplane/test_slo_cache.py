@@ -180,3 +180,43 @@ async def test_a_clearing_during_a_background_read_keeps_its_answer_out() -> Non
     database.gate.set()
     await settle(cache)
     assert cache.get("chat") is None
+
+
+def test_a_fill_stores_every_slo_by_id_and_name_dated_at_its_read() -> None:
+    clock = Clock()
+    cache = SLOCache(ttl_s=1.0, clock=clock)
+    chat, code = slo("chat"), slo("code")
+    generation, read_at = cache.generation, clock()
+    clock.now += 0.4  # the poll's read took this long
+    assert cache.fill([chat, code], generation, read_at)
+    for ref, expected in (("chat", chat), (str(code.id), code)):
+        hit = cache.get(ref)
+        assert hit is not None
+        assert hit[0] == expected
+        assert hit[1] == pytest.approx(0.4)
+    clock.now = read_at + 1.0  # served at most the TTL after the read began
+    assert cache.get("chat") is None
+    assert cache.get(str(code.id)) is None
+
+
+def test_a_fill_is_refused_after_a_clearing_and_when_it_would_not_fit() -> None:
+    clock = Clock()
+    cache = SLOCache(ttl_s=1.0, max_entries=8, clock=clock)
+    generation = cache.generation
+    cache.clear()  # an SLO written here while the poll read
+    assert not cache.fill([slo()], generation, clock())
+    assert len(cache) == 0
+    assert not cache.fill([slo(f"s{i}") for i in range(3)], cache.generation, clock())
+    assert cache.fill([slo(f"s{i}") for i in range(2)], cache.generation, clock())
+    assert len(cache) == 4
+
+
+def test_a_fill_keeps_a_newer_entry() -> None:
+    clock = Clock()
+    cache = SLOCache(ttl_s=1.0, clock=clock)
+    old, new = slo("chat", version=1), slo("chat", version=2)
+    poll_read_at = clock()
+    clock.now += 0.3
+    cache.put("chat", new, cache.generation, clock())  # a query's read, after the poll's
+    assert cache.fill([old], cache.generation, poll_read_at)
+    assert cache.get("chat") == (new, 0.0)

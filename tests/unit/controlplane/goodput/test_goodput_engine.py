@@ -4,6 +4,7 @@ windows, ring wrap-around, late and future records, in-flight updates, SLO set c
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -389,3 +390,24 @@ def test_empty_partial_only_and_tokenless_batches() -> None:
     assert stats.ttft.p50_s is None  # no token: TTFT undefined, not in the sketch
     assert stats.e2el.p50_s == pytest.approx(0.05, rel=0.01)  # FINISHED phase
     assert engine.health().records == 2
+
+
+def test_query_if_free_answers_as_query_and_never_waits_for_the_lock() -> None:
+    engine, _ = engine_with()
+    assert engine.query_if_free("s1", "1m") == engine.query("s1", "1m")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a batch being counted in another thread
+        with engine._lock:
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        held.wait(5)
+        assert engine.query_if_free("s1", "1m") is None
+    finally:
+        release.set()
+        thread.join()
+    assert engine.query_if_free("s1", "1m") is not None
