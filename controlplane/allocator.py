@@ -21,7 +21,8 @@ again. :func:`start_trimming` then calls ``malloc_trim(0)`` every
 ``malloc_trim_interval_s`` (5 s) in a daemon thread: the free pages inside the heap, which
 the trim threshold never returns, go back to the system, and RSS stays bounded: in a
 150-s soak it grew 8.5 % after the warm-up (4.9 % at 128 KiB without the timer), and stood
-70 MB higher than at 128 KiB, each arena keeping its top (docs/goodput-engine.md, *Soak*).
+70 MB higher than at 128 KiB (42 MB in the 10-min soak, whose RSS did not grow): an
+arena's free top is kept up to the trim threshold (docs/goodput-engine.md, *Soak*).
 
 It does nothing (and says why in its result) when the C library is not glibc (no
 ``mallopt``: musl, macOS, Windows), when the operator already chose a threshold
