@@ -43,6 +43,11 @@ class AlertWindow:
     short: str
     budget_share: float
 
+    @property
+    def budget_text(self) -> str:
+        """The budget share as alert summaries write it: 0.02 → ``"2%"``."""
+        return f"{self.budget_share * 100:g}%"
+
     def factor(self, window_s: int) -> float:
         """The burn-rate threshold for a compliance window of ``window_s`` seconds."""
         return self.budget_share * window_s / seconds(self.long)

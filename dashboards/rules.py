@@ -278,8 +278,9 @@ def _sli_rules(t: _SLIText) -> list[Rule]:
                 "annotations": {
                     **annotations,
                     "summary": (
-                        f"SLO {t.slo} ({t.sli}) burns its error budget over {factor}x "
-                        f"too fast ({alert.long} and {alert.short})"
+                        f"SLO {t.slo} ({t.sli}) spent over {alert.budget_text} "
+                        f"of its error budget in the last {alert.long} (burn rate over "
+                        f"{factor}; {alert.short} confirms)"
                     ),
                     "description": (
                         f"{described} Error ratio over {alert.long}: "

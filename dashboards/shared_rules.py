@@ -204,8 +204,9 @@ def _burn_alert(alert: AlertWindow, window_s: int, base_url: str) -> Rule:
             ),
             "runbook_url": _annotations(base_url, "goodput")["runbook_url"],
             "summary": (
-                "SLO {{ $labels.slo }} ({{ $labels.sli }}) burns its error budget over "
-                f"{factor}x too fast ({alert.long} and {alert.short})"
+                "SLO {{ $labels.slo }} ({{ $labels.sli }}) spent over "
+                f"{alert.budget_text} of its error budget in the last {alert.long} "
+                f"(burn rate over {factor}; {alert.short} confirms)"
             ),
             "description": (
                 "SLO {{ $labels.slo }} v{{ $labels.slo_version }} ({{ $labels.sli }}) over "

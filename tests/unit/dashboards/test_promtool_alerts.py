@@ -64,6 +64,10 @@ def _series(slo: str, bad: str, good: str, minutes: int) -> list[dict[str, str]]
     ]
 
 
+# The share of the error budget each long window may spend (the SRE workbook's).
+BUDGET_SHARE = {"1h": "2%", "6h": "5%", "1d": "10%", "3d": "10%"}
+
+
 def _burn(
     slo: str, pairs: list[tuple[str, str, str, float]], ratio: float | None = None
 ) -> list[dict[str, Any]]:
@@ -91,8 +95,9 @@ def _burn(
                 "slo_version": "1",
                 "objective": "ttft <= 0.2 s",
                 "runbook_url": f"{BASE}/api/v1/slos/{_info(slo)['slo_id']}/goodput?window=1h",
-                "summary": f"SLO {slo} (goodput) burns its error budget over {factor}x too "
-                f"fast ({long_w} and {short_w})",
+                "summary": f"SLO {slo} (goodput) spent over {BUDGET_SHARE[long_w]} of its "
+                f"error budget in the last {long_w} (burn rate over {factor}; {short_w} "
+                "confirms)",
                 "description": f"SLO {slo} v1 (goodput) over a 30d window. Error ratio over "
                 f"{long_w}: {format(ratio * 100, '.4g')}%, above {factor}x its error budget.",
             }
