@@ -44,6 +44,7 @@ class Outcome:
     complete: bool  # a 200 whose stream ended with a finish reason and [DONE]
     retry_after: str | None = None
     error: dict[str, Any] | None = None  # the JSON error body of a non-200
+    cancelled: bool = False  # still in flight when the loop's drain ended (status 0)
 
 
 def prompt(request_id: str, num_tokens: int) -> list[int]:
@@ -222,11 +223,21 @@ class OpenLoop:
                 await asyncio.gather(*pending, return_exceptions=True)
 
     async def _one(self, client: httpx.AsyncClient, index: int, priority: str, length: int) -> None:
-        outcome = await send_one(
-            client, self.url, model=self.model, index=index, priority=priority, slo=self.slo,
-            prompt_tokens=length, max_tokens=self.max_tokens, t0=self.t0, gateway=self.gateway,
-            id_prefix=self.id_prefix,
-        )  # fmt: skip
+        sent = time.monotonic() - self.t0
+        try:
+            outcome = await send_one(
+                client, self.url, model=self.model, index=index, priority=priority,
+                slo=self.slo, prompt_tokens=length, max_tokens=self.max_tokens, t0=self.t0,
+                gateway=self.gateway, id_prefix=self.id_prefix,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            # Cancelled at the end of the drain: kept in the outcomes, so that a phase's
+            # counts add up to what it sent.
+            message = f"cancelled: still in flight {self._drain_s:g} s after the loop stopped"
+            self.outcomes.append(Outcome(index, priority, self.gateway, 0, sent,
+                                         time.monotonic() - self.t0, None, None, False,
+                                         error={"message": message}, cancelled=True))  # fmt: skip
+            raise
         self.outcomes.append(outcome)
         if self.on_outcome is not None:
             self.on_outcome(outcome)

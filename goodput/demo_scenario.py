@@ -96,12 +96,14 @@ class PhaseResult:
         served = [o for o in self.outcomes if o.status == 200 and o.complete]
         good = [o for o in served if _good(o, ttft_s, itl_s)]
         shed = sum(o.status == 429 for o in self.outcomes)
+        cancelled = sum(o.cancelled for o in self.outcomes)
         sent = len(self.outcomes)
         return {
             "sent": sent,
             "served": len(served),
             "shed": shed,
-            "failed": sent - len(served) - shed,
+            "cancelled": cancelled,
+            "failed": sent - len(served) - shed - cancelled,
             "good": len(good),
             "goodput": len(good) / self.seconds,
             "attainment": len(good) / max(len(served), 1),
@@ -272,7 +274,7 @@ def _line(client: httpx.Client, loop: OpenLoop, name: str, elapsed_s: float,
     outcomes = list(loop.outcomes)
     served = sum(o.status == 200 and o.complete for o in outcomes)
     shed = sum(o.status == 429 for o in outcomes)
-    failed = len(outcomes) - served - shed
+    failed = len(outcomes) - served - shed - sum(o.cancelled for o in outcomes)
     head = (f"{elapsed_s:5.0f} s  {name:<10} {loop.sent:5d} {served:6d} {shed:5d} "
             f"{failed:6d} |")  # fmt: skip
     try:
@@ -305,6 +307,7 @@ def comparison(results: list[PhaseResult], ttft_s: float, itl_s: float | None,
         ("served (200, complete)", lambda c, r: f"{c['served']:.0f}"),
         ("shed (429)", lambda c, r: f"{c['shed']:.0f} (critical {c['critical_shed']:.0f})"),
         ("failed", lambda c, r: f"{c['failed']:.0f}"),
+        ("cancelled after the drain", lambda c, r: f"{c['cancelled']:.0f}"),
         ("goodput (good req/s)", lambda c, r: f"{c['goodput']:.2f}"),
         (f"attainment (target {target:.0%})", lambda c, r: f"{c['attainment']:.1%}"),
         ("availability", lambda c, r: f"{c['availability']:.1%}"),
@@ -318,8 +321,8 @@ def comparison(results: list[PhaseResult], ttft_s: float, itl_s: float | None,
         cells = (cell(c, r) for c, r in zip(counts, results, strict=True))
         lines.append(f"{label:28}" + "".join(f"{text:>{WIDTH}}" for text in cells))
     for result in results:
-        failed = [o for o in result.outcomes if o.status not in (200, 429) or (
-            o.status == 200 and not o.complete)]  # fmt: skip
+        failed = [o for o in result.outcomes if not o.cancelled and (
+            o.status not in (200, 429) or (o.status == 200 and not o.complete))]  # fmt: skip
         if failed:
             first = failed[0]
             why = (first.error or {}).get("message", "stream ended without [DONE]")
