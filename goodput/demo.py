@@ -147,9 +147,10 @@ def _prepare(options: DemoOptions, say: Say) -> _Setup:
     """Migrate the demo database, mint the two keys and apply the SLO file (CLI steps)."""
     directory = options.directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    if options.fresh:
-        for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if options.fresh:  # the database, its WAL and ingest log, the monitoring data
+        for path in [*directory.glob("goodput.db*"), directory / "monitoring"]:
+            if path.exists():
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     database_url = f"sqlite:///{directory / 'goodput.db'}"
     env = {**os.environ, "GOODPUT_DATABASE_URL": database_url}
     say(f"goodput demo: database {database_url}")

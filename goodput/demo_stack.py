@@ -149,8 +149,11 @@ def _run(
     # Always an empty database: each run mints new keys, and the fleet ids a previous run's
     # agent keys registered stay bound to those keys (a second run's gateway was refused),
     # its members would linger in the registry, and its goodput would blur the comparison.
-    for path in directory.glob("goodput.db*"):  # the database, its WAL and ingest log
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    # Prometheus's and Alertmanager's data go too: the last run's counters, scraped from the
+    # same control-plane address, fired the burn-rate alert from old errors.
+    for path in [*directory.glob("goodput.db*"), directory / "monitoring"]:
+        if path.exists():  # the database, its WAL and ingest log, the monitoring data
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     sim = options.engine == "sim"
     engines = f"{SIM_PROFILE} sim" if sim else "vLLM"
     say(f"goodput demo: the full stack (control plane, {engines} prefill + 2 decode, PD "
