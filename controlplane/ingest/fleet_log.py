@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,17 +68,17 @@ _INSERT = (
     "VALUES (pg_current_xact_id()::text::bigint, %(origin)s, %(max_finish_minute)s, "
     "%(entry)s) RETURNING id"
 )
-_READ = sa.text(
-    "SELECT txid, id, CASE WHEN origin = :origin THEN NULL ELSE entry END "
+_READ = (
+    "SELECT txid, id, CASE WHEN origin = %(origin)s THEN NULL ELSE entry END "
     "FROM goodput_fleet_log "
-    "WHERE txid > :after AND txid <= ("
+    "WHERE txid > %(after)s AND txid <= ("
     "  SELECT max(t) FROM (SELECT DISTINCT txid AS t FROM goodput_fleet_log"
-    "    WHERE txid > :after"
+    "    WHERE txid > %(after)s"
     "      AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-    "    ORDER BY t LIMIT :transactions) AS ready"
+    "    ORDER BY t LIMIT %(transactions)s) AS ready"
     ") ORDER BY txid, id"
 )
-_ENTRIES = sa.text("SELECT id, entry FROM goodput_fleet_log WHERE id = ANY(:ids)")
+_ENTRIES = "SELECT id, entry FROM goodput_fleet_log WHERE id = ANY(%(ids)s)"
 _RELEASE = sa.text(
     "DELETE FROM goodput_fleet_log WHERE txid <= :through AND max_finish_minute < :minute"
 )
@@ -124,6 +125,10 @@ class FleetLog:
             hide_password=False
         )
         self._connection: psycopg.Connection[Any] | None = None
+        #: The reader's connection (autocommit: one round trip a read, no ping, no
+        #: rollback on return to a pool).
+        self._reader: psycopg.Connection[Any] | None = None
+        self._reader_lock = threading.Lock()
         self._own: OrderedDict[int, tuple[tuple[str, int] | None, RecordBatch]] = OrderedDict()
         self._own_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -132,6 +137,9 @@ class FleetLog:
         self.num_commits = 0
         self.num_commit_failures = 0
         self.num_rows_appended = 0
+        #: Called (from the writer thread) after each commit: the reader reads this
+        #: replica's batches at once instead of at its next poll.
+        self.on_commit: Callable[[], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="fleet-log", daemon=True)
         self._writer.start()
 
@@ -212,6 +220,11 @@ class FleetLog:
             return f"the fleet ingest log could not commit ({type(exc).__name__}); retry later"
         self.num_commits += 1
         self.num_rows_appended += len(taken)
+        if self.on_commit is not None:
+            try:
+                self.on_commit()
+            except Exception:  # the reader polls anyway
+                logger.exception("fleet ingest log: the commit callback failed")
         return None
 
     # -- reading ----------------------------------------------------------------------
@@ -219,24 +232,34 @@ class FleetLog:
     def read(self, after_txid: int) -> list[FleetRow]:
         """The rows of up to :data:`MAX_TRANSACTIONS_PER_READ` whole transactions after
         ``after_txid`` that can no longer be joined by an earlier one, in order."""
-        with self._engine.connect() as connection:
-            found = connection.execute(
-                _READ,
-                {
-                    "after": after_txid,
-                    "transactions": MAX_TRANSACTIONS_PER_READ,
-                    "origin": self.origin,
-                },
-            ).all()
-            own: dict[int, tuple[tuple[str, int] | None, RecordBatch]] = {}
-            with self._own_lock:
-                for _, row_id, entry in found:
-                    if entry is None and row_id in self._own:
-                        own[row_id] = self._own.pop(row_id)
-            missing = [row_id for _, row_id, entry in found if entry is None and row_id not in own]
-            fetched: dict[int, bytes] = {}
-            if missing:  # own rows not in memory (a restart): read them whole
-                fetched = dict(connection.execute(_ENTRIES, {"ids": missing}).tuples().all())
+        with self._reader_lock:
+            connection = self._reader
+            if connection is None or connection.closed:
+                connection = self._reader = psycopg.connect(self._conninfo, autocommit=True)
+            try:
+                found = connection.execute(
+                    _READ,
+                    {
+                        "after": after_txid,
+                        "transactions": MAX_TRANSACTIONS_PER_READ,
+                        "origin": self.origin,
+                    },
+                ).fetchall()
+                own: dict[int, tuple[tuple[str, int] | None, RecordBatch]] = {}
+                with self._own_lock:
+                    for _, row_id, entry in found:
+                        if entry is None and row_id in self._own:
+                            own[row_id] = self._own.pop(row_id)
+                missing = [
+                    row_id for _, row_id, entry in found if entry is None and row_id not in own
+                ]
+                fetched: dict[int, bytes] = {}
+                if missing:  # own rows not in memory (a restart): read them whole
+                    fetched = dict(connection.execute(_ENTRIES, {"ids": missing}).fetchall())
+            except Exception:  # the database is away: the next read connects again
+                connection.close()
+                self._reader = None
+                raise
         rows = []
         for txid, row_id, entry in found:
             if row_id in own:
@@ -264,4 +287,7 @@ class FleetLog:
         self._writer.join(timeout=10.0)
         if self._connection is not None:
             self._connection.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
         self._engine.dispose()

@@ -212,7 +212,23 @@ class Ingestor:
         the engine, once per ``(exporter_id, seq)``; returns the records applied.
         ``covered``: ``(txid, minute)`` of the checkpoint the stored rollups were loaded
         from: rows up to that transaction add only their records finishing at that minute
-        or later (the rollups hold the others)."""
+        or later (the rollups hold the others).
+
+        The ingest lock is held for one transaction's rows at a time, not the whole read:
+        the requests waiting on it (their de-duplication check, their append) pass between
+        transactions, and a checkpoint's cut still falls between two whole transactions."""
+        applied = 0
+        start = 0
+        while start < len(rows):
+            end = start + 1
+            while end < len(rows) and rows[end].txid == rows[start].txid:
+                end += 1
+            applied += self._apply_transaction(rows[start:end], covered)
+            start = end
+        return applied
+
+    def _apply_transaction(self, rows: list[FleetRow], covered: tuple[int, int] | None) -> int:
+        """:meth:`apply_rows` for the rows of one fleet log transaction, under the lock."""
         applied = 0
         with self._lock:
             for row in rows:

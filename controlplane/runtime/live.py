@@ -145,6 +145,8 @@ class LiveGoodput:
         self.leadership: Leadership | None = None
         self._fleet_covered: tuple[int, int] | None = None
         self._fleet_task: asyncio.Task[None] | None = None
+        #: Set when this replica commits to the fleet log: its reader reads at once.
+        self._fleet_committed = asyncio.Event()
         self._was_leading = False
         self._registry = registry
         self._collectors: list[Collector] = []
@@ -341,6 +343,13 @@ class LiveGoodput:
         self._fleet_covered = covered
         records = await self._catch_up(log)
         self._counts["wal_replayed_records"] += records
+        loop = asyncio.get_running_loop()
+
+        def committed() -> None:  # the writer thread's, after each commit
+            with contextlib.suppress(RuntimeError):  # the loop closed: the replica stopped
+                loop.call_soon_threadsafe(self._fleet_committed.set)
+
+        log.on_commit = committed
         self.ingestor.fleet = log
         logger.info(
             "fleet ingest log: %s caught up to transaction %d (%d records past the checkpoint)",
@@ -372,6 +381,7 @@ class LiveGoodput:
         interval_s = self.settings.fleet_read_interval_s
         failing = False
         while not self.stopping.is_set():
+            self._fleet_committed.clear()  # a commit from here on wakes the next wait
             try:
                 await self.read_fleet_log()
             except Exception as exc:  # the database is away: read on when it is back
@@ -380,8 +390,17 @@ class LiveGoodput:
                 failing = True
             else:
                 failing = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=interval_s)
+            # The next poll (the other replicas' rows), or at once when this replica
+            # committed rows: its own batches are counted without waiting for the poll.
+            wakers = {
+                asyncio.ensure_future(self.stopping.wait()),
+                asyncio.ensure_future(self._fleet_committed.wait()),
+            }
+            try:
+                await asyncio.wait(wakers, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waker in wakers:
+                    waker.cancel()
 
     async def _checkpoint(self) -> WalCheckpointState:
         """The log's checkpoint from the database; on a fresh database a new epoch, saved
