@@ -191,6 +191,11 @@ class Agent:
             elif not self._heartbeat(report):
                 self._register(self._report())  # forgotten: register again at once
             self._poll_commands()
+            report = self._report()
+            if report.role != self._registered_role:
+                # A set_role just applied: the registry learns the new role now, not a
+                # heartbeat interval later.
+                self._register(report)
         except (httpx.HTTPError, _UnavailableError, CommandError) as exc:
             return self._failed(exc)
         except Exception as exc:  # a bug must not stop the agent: log it, retry later

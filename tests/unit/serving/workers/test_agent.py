@@ -171,9 +171,12 @@ def test_commands_are_polled_applied_and_acknowledged() -> None:
     plane, worker = FakeControlPlane(commands=[role, drain]), Worker()
     a = agent(plane, worker)
 
-    a.step()  # registers as prefill, applies both commands
-    a.step()  # registers again: the role changed
+    a.step()  # registers as prefill, applies both commands, registers again as decode
 
+    assert plane.members[MEMBER]["role"] == "decode"  # in the same step
+    assert a.stats().num_registrations == 2
+    a.step()  # a heartbeat: the role did not change since
+    assert a.stats().num_registrations == 2
     assert worker.applied == [CommandKind.SET_ROLE, CommandKind.DRAIN]
     assert [(ack["command_id"], ack["ok"], ack["target"]) for ack in plane.acks] == [
         (role.id, True, MEMBER),
