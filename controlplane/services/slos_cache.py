@@ -139,10 +139,8 @@ class SLOCache(BoundedTTLCache):
             if slo is None or self.ttl_s == 0:
                 self._entries.pop(ref, None)
                 return
-            self._entries[ref] = (read_at, slo)
-            self._entries.move_to_end(ref)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._store(ref, slo, read_at)
+            self._evict()
 
     def fill(self, slos: Collection[CachedSLO], generation: int, read_at: float) -> bool:
         """Remember every live SLO the database listed at ``read_at``, by id and by name (the
@@ -159,11 +157,19 @@ class SLOCache(BoundedTTLCache):
                 for ref in (str(slo.id), slo.name):
                     current = self._entries.get(ref)
                     if current is None or current[0] <= read_at:
-                        self._entries[ref] = (read_at, slo)
-                        self._entries.move_to_end(ref)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+                        self._store(ref, slo, read_at)
+            self._evict()
             return True
+
+    def _store(self, ref: str, slo: CachedSLO, read_at: float) -> None:
+        """Newest use last (the lock held)."""
+        self._entries[ref] = (read_at, slo)
+        self._entries.move_to_end(ref)
+
+    def _evict(self) -> None:
+        """Drop the least recently used entries above ``max_entries`` (the lock held)."""
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
 
     def clear(self) -> None:
         """Forget every entry, and refuse the reads in flight (an SLO was written here)."""

@@ -64,9 +64,9 @@ router = APIRouter(tags=["goodput"])
 
 WINDOWS: tuple[str, ...] = (*STANDARD_WINDOWS, COMPLIANCE)
 STREAM_WINDOWS: tuple[str, ...] = ("10s", "1m", "5m")
-#: Windows a goodput query answers on the event loop when the engine is free: short ones,
-#: whose query takes 0.5-1 ms (docs/scale-out.md, "Queries").
-INLINE_WINDOWS: frozenset[str] = frozenset({"10s", "1m", "5m"})
+#: Windows a goodput query answers on the event loop when the engine is free: the short
+#: ones the stream serves, whose query takes 0.5-1 ms (docs/scale-out.md, "Queries").
+INLINE_WINDOWS: frozenset[str] = frozenset(STREAM_WINDOWS)
 _BAD_WINDOW: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorPublic, "description": "Unknown window name"}
 }
