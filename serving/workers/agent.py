@@ -190,9 +190,8 @@ class Agent:
                 self._register(report)
             elif not self._heartbeat(report):
                 self._register(self._report())  # forgotten: register again at once
-            self._poll_commands()
-            report = self._report()
-            if report.role != self._registered_role:
+            handled = self._poll_commands()
+            if handled and (report := self._report()).role != self._registered_role:
                 # A set_role just applied: the registry learns the new role now, not a
                 # heartbeat interval later.
                 self._register(report)
@@ -248,10 +247,11 @@ class Agent:
         self.num_heartbeats += 1
         return True
 
-    def _poll_commands(self) -> None:
+    def _poll_commands(self) -> int:
+        """Run the pending commands; returns how many were handled."""
         now = time.monotonic()
         if self._commands_supported is False and now < self._next_command_check:
-            return
+            return 0
         response = self._client.get(f"{self.member_path}/commands")
         if response.status_code in (404, 405):
             if self._commands_supported is not False:
@@ -265,7 +265,7 @@ class Agent:
                 )
             self._commands_supported = False
             self._next_command_check = now + self.settings.command_retry_s
-            return
+            return 0
         _check(response, "command poll")
         self._commands_supported = True
         commands, malformed = pending_commands_from_json(response.json())
@@ -275,6 +275,7 @@ class Agent:
             ack = self.executor.handle(command)
             path = f"{self.member_path}/commands/{command.id}/ack"
             _check(self._client.post(path, json=ack.to_json()), "command ack")
+        return len(commands)
 
 
 class _UnavailableError(RuntimeError):
