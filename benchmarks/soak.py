@@ -40,7 +40,7 @@ default) runs the server as ``goodput controlplane serve`` runs anywhere, fixing
 itself at start-up (``controlplane/allocator.py``; an inherited ``MALLOC_MMAP_THRESHOLD_`` is
 removed from its environment so that it is the start-up code that does it); ``glibc`` turns
 that off (``GOODPUT_MALLOC_MMAP_THRESHOLD=0``: glibc's dynamic threshold, for comparison);
-``environment`` sets ``MALLOC_MMAP_THRESHOLD_=131072`` as the container image does (the
+``environment`` sets ``MALLOC_MMAP_THRESHOLD_=131072`` as an operator may (the
 start-up code then leaves it); a number of bytes has the start-up code fix that threshold
 instead of the setting's default (``GOODPUT_MALLOC_MMAP_THRESHOLD``).
 ``--malloc-trim-interval-s S`` sets how often the server calls ``malloc_trim``
@@ -257,7 +257,7 @@ def main() -> None:
         type=mmap_mode,
         default="startup",
         help="who fixes glibc's mmap threshold: the control plane at start-up (default), "
-        "nobody (glibc's dynamic default), MALLOC_MMAP_THRESHOLD_ as in the image, or the "
+        "nobody (glibc's dynamic default), MALLOC_MMAP_THRESHOLD_=131072 set by an operator, or the "
         "control plane at start-up at this many bytes",
     )
     parser.add_argument(

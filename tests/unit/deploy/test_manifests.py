@@ -252,6 +252,18 @@ def test_dockerfiles_copy_what_exists() -> None:
     assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\S+$", worker, flags=re.MULTILINE)
 
 
+
+def test_the_control_plane_image_leaves_the_allocator_to_serve() -> None:
+    """``serve`` keeps an inherited ``MALLOC_MMAP_THRESHOLD_``: set in the image, it would
+    replace the start-up setting (32 MiB and the trim timer) with the 128-KiB one, about 1.6
+    times the CPU per ingest batch (docs/ingest.md), and no manifest sets it either."""
+    image = dockerfile_titles()["goodput"].read_text(encoding="utf-8")
+    assert "MALLOC_MMAP_THRESHOLD_=" not in image
+    assert "GLIBC_TUNABLES" not in image
+    for manifest in DEPLOY.rglob("*.yaml"):
+        text = manifest.read_text(encoding="utf-8")
+        assert "MALLOC_MMAP_THRESHOLD_" not in text, manifest
+
 @needs_kubectl
 @pytest.mark.parametrize("target", TARGETS)
 def test_images_are_built_from_this_repository(target: str) -> None:
