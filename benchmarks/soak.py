@@ -257,8 +257,8 @@ def main() -> None:
         type=mmap_mode,
         default="startup",
         help="who fixes glibc's mmap threshold: the control plane at start-up (default), "
-        "nobody (glibc's dynamic default), MALLOC_MMAP_THRESHOLD_=131072 set by an operator, or the "
-        "control plane at start-up at this many bytes",
+        "nobody (glibc's dynamic default), MALLOC_MMAP_THRESHOLD_=131072 set by an operator, "
+        "or the control plane at start-up at this many bytes",
     )
     parser.add_argument(
         "--malloc-trim-interval-s",
