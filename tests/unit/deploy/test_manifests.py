@@ -252,7 +252,6 @@ def test_dockerfiles_copy_what_exists() -> None:
     assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v\S+$", worker, flags=re.MULTILINE)
 
 
-
 def test_the_control_plane_image_leaves_the_allocator_to_serve() -> None:
     """``serve`` keeps an inherited ``MALLOC_MMAP_THRESHOLD_``: set in the image, it would
     replace the start-up setting (32 MiB and the trim timer) with the 128-KiB one, about 1.6
@@ -263,6 +262,7 @@ def test_the_control_plane_image_leaves_the_allocator_to_serve() -> None:
     for manifest in DEPLOY.rglob("*.yaml"):
         text = manifest.read_text(encoding="utf-8")
         assert "MALLOC_MMAP_THRESHOLD_" not in text, manifest
+
 
 @needs_kubectl
 @pytest.mark.parametrize("target", TARGETS)
