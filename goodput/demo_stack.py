@@ -8,8 +8,8 @@ starts, each as a child process in its own session:
 1. the control plane (``goodput controlplane serve``), its admission and planner loops
    ticking every 2 s (:data:`CONTROL_SETTINGS`);
 2. one prefill and two decode workers (``goodput worker``: supervised vLLM, prefill alone on
-   core 0, both decode workers on core 1; one shared KV folder; the engine-side exporter and
-   the fleet agent) — or, with ``--engine sim``, H100 sim workers;
+   core 0, both decode workers on core 1; whole prompts per step; one shared KV folder; the
+   engine-side exporter and the fleet agent) — or, with ``--engine sim``, H100 sim workers;
 3. two PD gateways in front of them, both shipping records to the control plane:
    ``demo-open`` takes no commands (a stack without the loops) and ``demo-gateway``
    registers and applies the admission policies the control plane pushes;
@@ -199,9 +199,12 @@ def _run(
             engine = ["--engine", "sim", "--profile", SIM_PROFILE, "--seed", str(index),
                       "--served-model-name", SIM_SERVED_MODEL]  # fmt: skip
         else:
+            # Whole prompts per step: a prompt split across steps is not published to the
+            # KV folder, and its decode worker computes it again in a step of its running
+            # decodes (docs/demo.md).
             engine = ["--model", str(model_dir), "--cpu", str(core), "--served-model-name",
                       SERVED_MODEL, "--run-dir", str(directory / f"{name}-run"),
-                      "--nice", "10", "--sched-idle"]  # fmt: skip
+                      "--nice", "10", "--sched-idle", "--no-chunked-prefill"]  # fmt: skip
         child = start(name, ["worker", "--port", str(port), "--role", role, *common, *engine])
         workers.append((role, f"http://{host}:{port}", child))
     statics = [a for role, url, _ in workers for a in (f"--{role}", url)]
