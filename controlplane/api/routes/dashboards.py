@@ -15,9 +15,9 @@ series the Prometheus holds). The files change with the registry: an update show
 annotations' ``slo_version`` (in the file for all SLOs, through the ``goodput_slo_info``
 series it joins), a deleted SLO's rules are gone. An SLO whose alerts cannot fire (a window
 under the page alert's hour, or a target too loose for a burn-rate threshold below 100 %
-errors) gets a 422 naming the SLO, the field and the allowed values from its own file; the
-file for all SLOs names it in a comment at its top and serves the others (one SLO never
-takes every alert down).
+errors) gets a 409 from its own file, naming the SLO, the field and the allowed values (the
+request is valid; the stored SLO is what cannot be alerted on); the file for all SLOs names
+it in a comment at its top and serves the others (one SLO never takes every alert down).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from fastapi import APIRouter, Request, Response
 
 from controlplane.api.deps import SessionDep, Viewer
 from controlplane.api.routes._params import Ref
-from controlplane.errors import InvalidInputError, NotFoundError
+from controlplane.errors import ConflictError, NotFoundError
 from controlplane.schemas.common import responses
 from controlplane.schemas.dashboards import DashboardsPublic, DashboardSummary
 from controlplane.schemas.slo import SLOPublic
@@ -77,14 +77,14 @@ def _rules_response(slos: list[SLORuleSource], request: Request, *, shared: bool
     try:
         text = render(slos, base_url=str(request.base_url))
     except RulesError as exc:
-        raise InvalidInputError(str(exc)) from None
+        raise ConflictError(str(exc)) from None
     return Response(text, media_type="application/yaml")
 
 
 @router.get(
     "/slos/{slo_ref}/prometheus-rules",
     response_class=Response,
-    responses={**responses(404), **_YAML},
+    responses={**responses(404, 409), **_YAML},
 )
 async def slo_rules(
     principal: Viewer, session: SessionDep, slo_ref: Ref, request: Request
