@@ -186,15 +186,12 @@ class Agent:
         wait before the next round. Never raises."""
         try:
             report = self._report()
-            if report.role != self._registered_role:
-                self._register(report)
-            elif not self._heartbeat(report):
+            if not self._register_if_moved(report) and not self._heartbeat(report):
                 self._register(self._report())  # forgotten: register again at once
-            handled = self._poll_commands()
-            if handled and (report := self._report()).role != self._registered_role:
+            if self._poll_commands():
                 # A set_role just applied: the registry learns the new role now, not a
                 # heartbeat interval later.
-                self._register(report)
+                self._register_if_moved(self._report())
         except (httpx.HTTPError, _UnavailableError, CommandError) as exc:
             return self._failed(exc)
         except Exception as exc:  # a bug must not stop the agent: log it, retry later
@@ -205,6 +202,13 @@ class Agent:
             self._failing = False
         self._backoff.success()
         return self.settings.heartbeat_interval_s
+
+    def _register_if_moved(self, report: AgentReport) -> bool:
+        """Register ``report`` when its role is not the registered one; whether it did."""
+        if report.role == self._registered_role:
+            return False
+        self._register(report)
+        return True
 
     def _failed(self, exc: Exception) -> float:
         self.num_failures += 1
